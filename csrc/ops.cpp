@@ -1,0 +1,33 @@
+// Schemas of every operator in the `fused` namespace, and the Python module stub that lets
+// `import torch_fused_ops._C` load this library (which runs the registrations below).
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// A module with no methods: importing it is only a way to dlopen the library from Python.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(fused, m) {
+  // max_pool3d(leaky_relu(leaky_relu(input, s1) * multiplier, s2)) in one pass; s2 defaults to s1.
+  m.def(
+      "post_pool(Tensor input, Tensor multiplier, float negative_slope, int[3] kernel_size, int[3] stride=[], "
+      "int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, float? negative_slope2=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Training forward: post_pool's output plus, per output, the input value and window offset it selected
+  // (all at pooled size, so backward needs no full-resolution tensor).
+  m.def(
+      "post_pool_with_offsets(Tensor input, Tensor multiplier, float negative_slope, int[3] kernel_size, "
+      "int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, float? negative_slope2=None) "
+      "-> (Tensor out, Tensor selected, Tensor offsets)",
+      {at::Tag::pt2_compliant_tag});
+  // Gradients of input and multiplier from what post_pool_with_offsets saved.
+  m.def(
+      "post_pool_backward(Tensor grad_output, Tensor selected, Tensor offsets, Tensor multiplier, "
+      "float negative_slope, float? negative_slope2, SymInt[5] input_size, int[3] kernel_size, int[3] stride, "
+      "int[3] padding, int[3] dilation, bool channels_last) -> (Tensor grad_input, Tensor grad_multiplier)",
+      {at::Tag::pt2_compliant_tag});
+}

@@ -1,0 +1,327 @@
+// Shared by the CPU and CUDA kernels of fused::post_pool: the pool geometry, the argument checks that both
+// devices run, and the per-element arithmetic (host+device) that must be identical everywhere.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <optional>
+#include <limits>
+
+namespace fused {
+
+// Everything a kernel needs to walk the pool windows. Sizes are int64 so that offsets never overflow.
+struct PoolGeometry {
+  int64_t N, C, D, H, W;     // input
+  int64_t OD, OH, OW;        // output
+  int64_t kd, kh, kw;        // window taps
+  int64_t sd, sh, sw;        // stride
+  int64_t pd, ph, pw;        // padding (-inf outside the input)
+  int64_t dd, dh, dw;        // dilation
+  bool channels_last;        // kernels read/write NDHWC order; otherwise NCDHW
+  // Every window lies inside the input with k == stride, pad 0, dilation 1: no bounds checks, each input
+  // element belongs to at most one window.
+  bool exact_tiling;
+
+  int64_t window_volume() const { return kd * kh * kw; }
+  int64_t output_numel() const { return N * C * OD * OH * OW; }
+  int64_t input_numel() const { return N * C * D * H * W; }
+  bool empty() const { return N == 0 || C == 0; }
+  // Offsets fit one byte unless the window has more than 256 taps.
+  at::ScalarType offset_dtype() const { return window_volume() <= 256 ? at::kByte : at::kInt; }
+};
+
+// Validates everything the forward ops accept and computes the geometry; raises c10::Error subclasses that
+// surface in Python as TypeError / ValueError / RuntimeError with a message naming the problem. `op` prefixes
+// the message. `stride` may be empty (means kernel_size).
+PoolGeometry check_post_pool_args(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& multiplier,
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    bool ceil_mode);
+
+// Same, for the backward op, whose geometry comes from the saved forward outputs.
+PoolGeometry check_post_pool_backward_args(
+    const at::Tensor& grad_output,
+    const at::Tensor& selected,
+    const at::Tensor& offsets,
+    const at::Tensor& multiplier,
+    at::IntArrayRef input_size,
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    bool channels_last);
+
+// The memory format the output takes: the one max_pool3d would give for this input.
+at::MemoryFormat output_memory_format(const at::Tensor& input);
+
+// Multiplier flattened to 1 or C contiguous elements.
+at::Tensor flat_multiplier(const at::Tensor& multiplier);
+
+// What both forward launchers start from: checked geometry, the input in the layout the kernels read (no copy
+// for contiguous or channels_last_3d inputs), the flattened multiplier, and the two slopes.
+struct ForwardInputs {
+  PoolGeometry g;
+  at::MemoryFormat format;
+  at::Tensor input;
+  at::Tensor multiplier;
+  double s1, s2;
+};
+ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
+                              at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                              at::IntArrayRef dilation, bool ceil_mode, double negative_slope,
+                              std::optional<double> negative_slope2);
+
+// d(loss)/d(multiplier) in the multiplier's shape and dtype from per-output contributions.
+at::Tensor reduce_grad_multiplier(const at::Tensor& contrib, const at::Tensor& multiplier);
+
+// ---- per-element arithmetic, identical on host and device ---------------------------------------------------
+// Written exactly as ATen's leaky_relu (`x > 0 ? x : x * slope`) and mul so that float32 results are bit-equal
+// to the eager composite; no additions, so no FMA contraction can change a result.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t leaky(acc_t v, acc_t slope) {
+  return v > acc_t(0) ? v : v * slope;
+}
+
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t epilogue(acc_t x, acc_t m, acc_t s1, acc_t s2) {
+  return leaky(leaky(x, s1) * m, s2);
+}
+
+// max_pool3d's update rule: a strictly larger value or any NaN replaces the running max, so ties keep the first
+// tap in window order and the last NaN wins (as ATen's CPU and CUDA kernels do).
+template <typename acc_t>
+C10_HOST_DEVICE inline bool takes_max(acc_t v, acc_t best) {
+  return v > best || v != v;
+}
+
+// Gradient of one output w.r.t. the input element it selected, following eager autograd's order of operations
+// (leaky_relu_backward, mul backward, leaky_relu_backward) so float32 gradients match bit for bit.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t grad_input_of(acc_t g, acc_t x, acc_t m, acc_t s1, acc_t s2) {
+  const acc_t y1 = leaky(x, s1);
+  const acc_t y2 = y1 * m;
+  const acc_t gy2 = y2 > acc_t(0) ? g : g * s2;
+  const acc_t gy1 = gy2 * m;
+  return x > acc_t(0) ? gy1 : gy1 * s1;
+}
+
+// Contribution of one output to d(loss)/d(multiplier): grad of the product times the other factor.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t grad_multiplier_of(acc_t g, acc_t x, acc_t m, acc_t s1, acc_t s2) {
+  const acc_t y1 = leaky(x, s1);
+  const acc_t y2 = y1 * m;
+  const acc_t gy2 = y2 > acc_t(0) ? g : g * s2;
+  return gy2 * y1;
+}
+
+C10_HOST_DEVICE inline int64_t div_up_nonneg(int64_t a, int64_t b) {
+  return a <= 0 ? 0 : (a + b - 1) / b;
+}
+
+// First tap index j with start + j*dil >= 0 (the tap max_pool3d starts from), and one past the last tap inside
+// [0, size).
+C10_HOST_DEVICE inline int64_t first_tap(int64_t start, int64_t dil) {
+  return start < 0 ? div_up_nonneg(-start, dil) : 0;
+}
+C10_HOST_DEVICE inline int64_t end_tap(int64_t start, int64_t dil, int64_t k, int64_t size) {
+  const int64_t e = div_up_nonneg(size - start, dil);
+  return e < k ? e : k;
+}
+
+// Result of scanning one pool window.
+template <typename scalar_t, typename acc_t>
+struct WindowMax {
+  acc_t value;      // max of the epilogue over the window (-inf if no tap is inside the input)
+  scalar_t input;   // raw input at the chosen tap (0 if none)
+  int32_t offset;   // (jd*kh + jh)*kw + jw of the chosen tap
+};
+
+// Scans one window. `plane` points at element (n, c, 0, 0, 0); sD/sH/sW are element strides. KD/KH/KW > 0 fix
+// the window at compile time and promise every tap is inside the input (exact tiling); 0 means runtime sizes
+// with bounds checks.
+template <int KD, int KH, int KW, typename scalar_t, typename acc_t>
+C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
+    const scalar_t* __restrict__ plane,
+    int64_t sD, int64_t sH, int64_t sW,
+    int64_t od, int64_t oh, int64_t ow,
+    const PoolGeometry& g,
+    acc_t m, acc_t s1, acc_t s2) {
+  WindowMax<scalar_t, acc_t> r;
+  r.value = -std::numeric_limits<acc_t>::infinity();
+  r.input = scalar_t(0);
+  if constexpr (KD > 0) {
+    const scalar_t* p = plane + (od * KD) * sD + (oh * KH) * sH + (ow * KW) * sW;
+    r.offset = 0;
+#pragma unroll
+    for (int jd = 0; jd < KD; ++jd) {
+#pragma unroll
+      for (int jh = 0; jh < KH; ++jh) {
+#pragma unroll
+        for (int jw = 0; jw < KW; ++jw) {
+          const scalar_t xv = p[jd * sD + jh * sH + jw * sW];
+          const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
+          if (takes_max(v, r.value)) {
+            r.value = v;
+            r.input = xv;
+            r.offset = (jd * KH + jh) * KW + jw;
+          }
+        }
+      }
+    }
+  } else {
+    const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+    const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
+    const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
+    const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+    // max_pool3d reports the first in-range tap even when the window is all padding.
+    r.offset = static_cast<int32_t>((jd0 * g.kh + jh0) * g.kw + jw0);
+    for (int64_t jd = jd0; jd < jd1; ++jd) {
+      const scalar_t* pd_ = plane + (d0 + jd * g.dd) * sD;
+      for (int64_t jh = jh0; jh < jh1; ++jh) {
+        const scalar_t* ph_ = pd_ + (h0 + jh * g.dh) * sH;
+        for (int64_t jw = jw0; jw < jw1; ++jw) {
+          const scalar_t xv = ph_[(w0 + jw * g.dw) * sW];
+          const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
+          if (takes_max(v, r.value)) {
+            r.value = v;
+            r.input = xv;
+            r.offset = static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Element strides of the input for the geometry's layout.
+struct Strides {
+  int64_t n, c, d, h, w;
+};
+inline Strides input_strides(const PoolGeometry& g) {
+  if (g.channels_last) {
+    return {g.D * g.H * g.W * g.C, 1, g.H * g.W * g.C, g.W * g.C, g.C};
+  }
+  return {g.C * g.D * g.H * g.W, g.D * g.H * g.W, g.H * g.W, g.W, 1};
+}
+
+// Position (n, c, od, oh, ow) of output element `i` in memory order.
+template <bool CL>
+C10_HOST_DEVICE inline void output_coords(int64_t i, const PoolGeometry& g,
+                                          int64_t& n, int64_t& c, int64_t& od, int64_t& oh, int64_t& ow) {
+  if constexpr (CL) {
+    c = i % g.C; i /= g.C;
+    ow = i % g.OW; i /= g.OW;
+    oh = i % g.OH; i /= g.OH;
+    od = i % g.OD; n = i / g.OD;
+  } else {
+    ow = i % g.OW; i /= g.OW;
+    oh = i % g.OH; i /= g.OH;
+    od = i % g.OD; i /= g.OD;
+    c = i % g.C; n = i / g.C;
+  }
+}
+
+// Same for input element `i`.
+template <bool CL>
+C10_HOST_DEVICE inline void input_coords(int64_t i, const PoolGeometry& g,
+                                         int64_t& n, int64_t& c, int64_t& d, int64_t& h, int64_t& w) {
+  if constexpr (CL) {
+    c = i % g.C; i /= g.C;
+    w = i % g.W; i /= g.W;
+    h = i % g.H; i /= g.H;
+    d = i % g.D; n = i / g.D;
+  } else {
+    w = i % g.W; i /= g.W;
+    h = i % g.H; i /= g.H;
+    d = i % g.D; i /= g.D;
+    c = i % g.C; n = i / g.C;
+  }
+}
+
+template <bool CL>
+C10_HOST_DEVICE inline int64_t output_index(const PoolGeometry& g, int64_t n, int64_t c, int64_t od, int64_t oh,
+                                            int64_t ow) {
+  if constexpr (CL) {
+    return (((n * g.OD + od) * g.OH + oh) * g.OW + ow) * g.C + c;
+  } else {
+    return (((n * g.C + c) * g.OD + od) * g.OH + oh) * g.OW + ow;
+  }
+}
+
+// Gradient reaching input element (n, c, d, h, w): sums grad_output over the outputs whose window selected it,
+// in increasing output order (the order eager max_pool3d_backward accumulates in), then applies the chain rule
+// once with the input value saved by the forward. KD/KH/KW > 0: exact tiling, one candidate window.
+template <bool CL, int KD, int KH, int KW, typename scalar_t, typename acc_t, typename off_t>
+C10_HOST_DEVICE inline acc_t gather_grad(
+    const scalar_t* __restrict__ grad_out,
+    const scalar_t* __restrict__ selected,
+    const off_t* __restrict__ offsets,
+    const PoolGeometry& g,
+    int64_t n, int64_t c, int64_t d, int64_t h, int64_t w,
+    acc_t m, acc_t s1, acc_t s2) {
+  acc_t sum = acc_t(0);
+  acc_t xsel = acc_t(0);
+  bool hit = false;
+  if constexpr (KD > 0) {
+    const int64_t od = d / KD, oh = h / KH, ow = w / KW;
+    if (od < g.OD && oh < g.OH && ow < g.OW) {
+      const int64_t o = output_index<CL>(g, n, c, od, oh, ow);
+      const int64_t want = ((d - od * KD) * KH + (h - oh * KH)) * KW + (w - ow * KW);
+      if (static_cast<int64_t>(offsets[o]) == want) {
+        sum = static_cast<acc_t>(grad_out[o]);
+        xsel = static_cast<acc_t>(selected[o]);
+        hit = true;
+      }
+    }
+  } else {
+    // Taps in decreasing order visit windows in increasing output order.
+    for (int64_t jd = g.kd - 1; jd >= 0; --jd) {
+      const int64_t nd = d + g.pd - jd * g.dd;
+      if (nd < 0 || nd % g.sd != 0) continue;
+      const int64_t od = nd / g.sd;
+      if (od >= g.OD) continue;
+      for (int64_t jh = g.kh - 1; jh >= 0; --jh) {
+        const int64_t nh = h + g.ph - jh * g.dh;
+        if (nh < 0 || nh % g.sh != 0) continue;
+        const int64_t oh = nh / g.sh;
+        if (oh >= g.OH) continue;
+        for (int64_t jw = g.kw - 1; jw >= 0; --jw) {
+          const int64_t nw = w + g.pw - jw * g.dw;
+          if (nw < 0 || nw % g.sw != 0) continue;
+          const int64_t ow = nw / g.sw;
+          if (ow >= g.OW) continue;
+          const int64_t o = output_index<CL>(g, n, c, od, oh, ow);
+          if (static_cast<int64_t>(offsets[o]) == (jd * g.kh + jh) * g.kw + jw) {
+            sum += static_cast<acc_t>(grad_out[o]);
+            xsel = static_cast<acc_t>(selected[o]);
+            hit = true;
+          }
+        }
+      }
+    }
+  }
+  return hit ? grad_input_of(sum, xsel, m, s1, s2) : acc_t(0);
+}
+
+// True when the tap recorded for an output lies inside the input (it does not for windows that are all padding,
+// where max_pool3d still reports an index).
+C10_HOST_DEVICE inline bool tap_in_bounds(const PoolGeometry& g, int64_t od, int64_t oh, int64_t ow, int64_t off) {
+  const int64_t jw = off % g.kw;
+  const int64_t jh = (off / g.kw) % g.kh;
+  const int64_t jd = off / (g.kw * g.kh);
+  const int64_t d = od * g.sd - g.pd + jd * g.dd;
+  const int64_t h = oh * g.sh - g.ph + jh * g.dh;
+  const int64_t w = ow * g.sw - g.pw + jw * g.dw;
+  return d >= 0 && d < g.D && h >= 0 && h < g.H && w >= 0 && w < g.W;
+}
+
+}  // namespace fused

@@ -1,0 +1,258 @@
+// CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward.
+#include "post_pool.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+namespace fused {
+namespace {
+
+constexpr int64_t kGrain = 2048;  // outputs per parallel task: enough to hide the scheduling cost
+
+template <typename scalar_t, typename off_t>
+struct ForwardPtrs {
+  const scalar_t* x;
+  const scalar_t* m;
+  int64_t m_stride;  // 0 for a scalar multiplier, 1 per channel
+  scalar_t* out;
+  scalar_t* sel;     // nullptr for inference
+  off_t* off;        // nullptr for inference
+};
+
+// One output at a time, any layout and window; the reference path the vectorized ones must agree with.
+template <bool CL, int K, typename scalar_t, typename off_t>
+void forward_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
+  const Strides st = input_strides(g);
+  at::parallel_for(0, g.output_numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t n, c, od, oh, ow;
+      output_coords<CL>(i, g, n, c, od, oh, ow);
+      const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
+      const auto r = scan_window<K, K, K>(p.x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+      p.out[i] = static_cast<scalar_t>(r.value);
+      if (p.sel != nullptr) {
+        p.sel[i] = r.input;
+        p.off[i] = static_cast<off_t>(r.offset);
+      }
+    }
+  });
+}
+
+// channels_last_3d, float/double: all channels of one pooled position at once, a SIMD vector of channels per
+// step. Same update rule and tap order as scan_window, so results are bit-identical to the scalar path.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_vec(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                               double s2d) {
+  using Vec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t V = Vec::size();
+  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+  const Vec vs1(s1), vs2(s2), vzero(scalar_t(0)), vninf(-std::numeric_limits<scalar_t>::infinity());
+  const Strides st = input_strides(g);
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.C, 1));
+  at::parallel_for(0, positions, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      int64_t rest = pos;
+      const int64_t ow = rest % g.OW; rest /= g.OW;
+      const int64_t oh = rest % g.OH; rest /= g.OH;
+      const int64_t od = rest % g.OD;
+      const int64_t n = rest / g.OD;
+      const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+      const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
+      const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
+      const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+      const scalar_t* xn = p.x + n * st.n;
+      const int64_t obase = pos * g.C;
+      int64_t c = 0;
+      for (; c + V <= g.C; c += V) {
+        const Vec m = p.m_stride == 0 ? Vec(p.m[0]) : Vec::loadu(p.m + c);
+        Vec best = vninf, bestx = vzero;
+        Vec bestoff(static_cast<scalar_t>((jd0 * g.kh + jh0) * g.kw + jw0));
+        for (int64_t jd = jd0; jd < jd1; ++jd) {
+          for (int64_t jh = jh0; jh < jh1; ++jh) {
+            for (int64_t jw = jw0; jw < jw1; ++jw) {
+              const Vec x = Vec::loadu(xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h +
+                                       (w0 + jw * g.dw) * st.w + c);
+              const Vec y1 = Vec::blendv(x * vs1, x, x > vzero);
+              const Vec y2 = y1 * m;
+              const Vec v = Vec::blendv(y2 * vs2, y2, y2 > vzero);
+              const Vec take = (v > best) | v.isnan();
+              best = Vec::blendv(best, v, take);
+              if (p.sel != nullptr) {
+                bestx = Vec::blendv(bestx, x, take);
+                bestoff = Vec::blendv(bestoff, Vec(static_cast<scalar_t>((jd * g.kh + jh) * g.kw + jw)), take);
+              }
+            }
+          }
+        }
+        best.store(p.out + obase + c);
+        if (p.sel != nullptr) {
+          bestx.store(p.sel + obase + c);
+          scalar_t offs[V];
+          bestoff.store(offs);
+          for (int64_t l = 0; l < V; ++l) p.off[obase + c + l] = static_cast<off_t>(offs[l]);
+        }
+      }
+      for (; c < g.C; ++c) {  // channels past the last full vector
+        const scalar_t m = p.m[c * p.m_stride];
+        const auto r = scan_window<0, 0, 0>(xn + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+        p.out[obase + c] = r.value;
+        if (p.sel != nullptr) {
+          p.sel[obase + c] = r.input;
+          p.off[obase + c] = static_cast<off_t>(r.offset);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename off_t>
+void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
+  if (g.channels_last) {
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+      forward_channels_last_vec(p, g, s1, s2);
+    } else {
+      forward_scalar<true, 0>(p, g, s1, s2);
+    }
+  } else if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
+    forward_scalar<false, 2>(p, g, s1, s2);
+  } else {
+    forward_scalar<false, 0>(p, g, s1, s2);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool save, const at::Tensor& input,
+                                                           const at::Tensor& multiplier, double negative_slope,
+                                                           at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                                           at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                           bool ceil_mode, std::optional<double> negative_slope2) {
+  TORCH_CHECK_VALUE(input.device().is_cpu(), op, ": CPU kernel called with input on ", input.device());
+  const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
+                                          negative_slope, negative_slope2);
+  const PoolGeometry& g = f.g;
+  const auto opts = input.options().memory_format(f.format);
+  at::Tensor out = at::empty({g.N, g.C, g.OD, g.OH, g.OW}, opts);
+  at::Tensor sel, off;
+  if (save) {
+    sel = at::empty_like(out);
+    off = at::empty_like(out, out.options().dtype(g.offset_dtype()));
+  }
+  if (g.empty()) return {out, sel, off};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "fused_post_pool_cpu", [&] {
+    auto run = [&](auto* off_ptr) {
+      using off_t = std::remove_pointer_t<decltype(off_ptr)>;
+      ForwardPtrs<scalar_t, off_t> p{f.input.const_data_ptr<scalar_t>(), f.multiplier.const_data_ptr<scalar_t>(),
+                                     f.multiplier.numel() == 1 ? 0 : 1, out.mutable_data_ptr<scalar_t>(),
+                                     save ? sel.mutable_data_ptr<scalar_t>() : nullptr, off_ptr};
+      forward_dispatch(p, g, f.s1, f.s2);
+    };
+    if (!save) {
+      run(static_cast<uint8_t*>(nullptr));
+    } else if (g.offset_dtype() == at::kByte) {
+      run(off.mutable_data_ptr<uint8_t>());
+    } else {
+      run(off.mutable_data_ptr<int32_t>());
+    }
+  });
+  return {out, sel, off};
+}
+
+at::Tensor post_pool_cpu(const at::Tensor& input, const at::Tensor& multiplier, double negative_slope,
+                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                         at::IntArrayRef dilation, bool ceil_mode, std::optional<double> negative_slope2) {
+  return std::get<0>(forward_cpu("fused::post_pool", false, input, multiplier, negative_slope, kernel_size, stride,
+                                 padding, dilation, ceil_mode, negative_slope2));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_with_offsets_cpu(
+    const at::Tensor& input, const at::Tensor& multiplier, double negative_slope, at::IntArrayRef kernel_size,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+    std::optional<double> negative_slope2) {
+  return forward_cpu("fused::post_pool_with_offsets", true, input, multiplier, negative_slope, kernel_size, stride,
+                     padding, dilation, ceil_mode, negative_slope2);
+}
+
+// ---- backward -----------------------------------------------------------------------------------------------
+
+template <bool CL, int K, typename scalar_t, typename off_t>
+void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off, const scalar_t* mflat,
+                      int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
+                      at::opmath_type<scalar_t>* contrib) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
+  // Every input element is written exactly once (a gather), so no zero-fill and no write races.
+  at::parallel_for(0, g.input_numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t n, c, d, h, w;
+      input_coords<CL>(i, g, n, c, d, h, w);
+      const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
+      gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2));
+    }
+  });
+  at::parallel_for(0, g.output_numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t n, c, od, oh, ow;
+      output_coords<CL>(i, g, n, c, od, oh, ow);
+      const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
+      contrib[i] = tap_in_bounds(g, od, oh, ow, static_cast<int64_t>(off[i]))
+                       ? grad_multiplier_of(static_cast<acc_t>(go[i]), static_cast<acc_t>(sel[i]), m, s1, s2)
+                       : acc_t(0);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
+                                                       kernel_size, stride, padding, dilation, channels_last);
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+  const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
+  at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
+  const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
+  at::Tensor contrib = at::empty(grad_output.sizes(), grad_output.options().dtype(acc_dtype).memory_format(fmt));
+  if (!g.empty()) {
+    const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
+    const at::Tensor mflat = flat_multiplier(multiplier);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cpu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      auto run = [&](const auto* off_ptr) {
+        const auto args = std::make_tuple(go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off_ptr,
+                                          mflat.const_data_ptr<scalar_t>(), mflat.numel() == 1 ? int64_t(0) : int64_t(1));
+        auto* gi = grad_input.mutable_data_ptr<scalar_t>();
+        auto* ct = contrib.mutable_data_ptr<acc_t>();
+        const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
+        std::apply([&](auto... a) {
+          if (channels_last) {
+            k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct) : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct);
+          } else {
+            k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct) : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct);
+          }
+        }, args);
+      };
+      if (off.scalar_type() == at::kByte) {
+        run(off.const_data_ptr<uint8_t>());
+      } else {
+        run(off.const_data_ptr<int32_t>());
+      }
+    });
+  }
+  return {grad_input, reduce_grad_multiplier(contrib, multiplier)};
+}
+
+}  // namespace
+}  // namespace fused
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("post_pool", &fused::post_pool_cpu);
+  m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_cpu);
+  m.impl("post_pool_backward", &fused::post_pool_backward_cpu);
+}

@@ -1,0 +1,198 @@
+// Host-side code shared by the CPU and CUDA launchers: the one place where fused::post_pool's arguments are
+// validated (so both devices raise the same exceptions with the same messages), the input layout decision, and
+// the final reduction of the multiplier gradient. torch_fused_ops/_geometry.py mirrors the checks for the fake
+// (meta) impls.
+#include "post_pool.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace fused {
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// int[3] arguments: one value expands to all three dims, as in max_pool3d.
+std::array<int64_t, 3> expand3(const char* op, const char* name, at::IntArrayRef v, std::array<int64_t, 3> dflt,
+                               bool allow_empty) {
+  if (v.empty() && allow_empty) return dflt;
+  TORCH_CHECK_VALUE(v.size() == 1 || v.size() == 3, op, ": ", name,
+                    " must be a single int or a list of three ints, got ", shape_str(v));
+  if (v.size() == 1) return {v[0], v[0], v[0]};
+  return {v[0], v[1], v[2]};
+}
+
+int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  // max_pool3d's formula (ATen pooling_output_shape): floor division, and in ceil mode the last window must
+  // start inside the input or the left padding.
+  const int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
+  int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+void check_pool_params(const char* op, const std::array<int64_t, 3>& k, const std::array<int64_t, 3>& s,
+                       const std::array<int64_t, 3>& p, const std::array<int64_t, 3>& d) {
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_VALUE(k[i] > 0, op, ": kernel_size must be positive, got ", k[0], "x", k[1], "x", k[2]);
+    TORCH_CHECK_VALUE(s[i] > 0, op, ": stride must be positive, got ", s[0], "x", s[1], "x", s[2]);
+    TORCH_CHECK_VALUE(d[i] > 0, op, ": dilation must be positive, got ", d[0], "x", d[1], "x", d[2]);
+    TORCH_CHECK_VALUE(p[i] >= 0, op, ": padding must be non-negative, got ", p[0], "x", p[1], "x", p[2]);
+    TORCH_CHECK_VALUE(p[i] <= k[i] / 2, op, ": padding must be at most half of kernel_size, got padding ", p[0], "x",
+                      p[1], "x", p[2], " for kernel_size ", k[0], "x", k[1], "x", k[2]);
+  }
+}
+
+}  // namespace
+
+at::MemoryFormat output_memory_format(const at::Tensor& input) {
+  return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d ? at::MemoryFormat::ChannelsLast3d
+                                                                            : at::MemoryFormat::Contiguous;
+}
+
+at::Tensor flat_multiplier(const at::Tensor& multiplier) {
+  return multiplier.reshape({-1}).contiguous();
+}
+
+namespace {
+
+bool is_exact_tiling(const PoolGeometry& g) {
+  return g.pd == 0 && g.ph == 0 && g.pw == 0 && g.dd == 1 && g.dh == 1 && g.dw == 1 && g.sd == g.kd &&
+         g.sh == g.kh && g.sw == g.kw && g.OD * g.kd <= g.D && g.OH * g.kh <= g.H && g.OW * g.kw <= g.W;
+}
+
+// Checks shared by forward and backward: dtype, device, multiplier shape, pool parameters. Output sizes are
+// left for the caller.
+PoolGeometry check_common(const char* op, at::IntArrayRef sizes, at::ScalarType dtype, at::Device device,
+                          const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                          at::IntArrayRef padding, at::IntArrayRef dilation) {
+  TORCH_CHECK_VALUE(sizes.size() == 5, op, ": expected a 5-D input (N, C, D, H, W), got ", sizes.size(),
+                    "-D input of shape ", shape_str(sizes));
+  TORCH_CHECK_TYPE(at::isFloatingType(dtype), op,
+                   ": expected a floating-point input (float16, bfloat16, float32 or float64), got ", dtype);
+  TORCH_CHECK_TYPE(multiplier.scalar_type() == dtype, op,
+                   ": multiplier dtype must equal input dtype (no type promotion), got multiplier ",
+                   multiplier.scalar_type(), " and input ", dtype);
+  TORCH_CHECK_VALUE(multiplier.device() == device, op,
+                    ": multiplier must be on the input's device, got multiplier on ", multiplier.device(),
+                    " and input on ", device);
+  TORCH_CHECK_VALUE(multiplier.layout() == at::kStrided, op, ": sparse multipliers are not supported");
+
+  // The multiplier may vary only along the channel dim once broadcast against the input.
+  const int64_t C = sizes[1];
+  const int64_t mdim = multiplier.dim();
+  bool ok = mdim <= 5;
+  if (ok && multiplier.numel() != 1) {
+    for (int64_t i = 0; i < mdim; ++i) {
+      const int64_t input_dim = 5 - mdim + i;  // right-aligned, as broadcasting does
+      const int64_t sz = multiplier.size(i);
+      if (sz == 1) continue;
+      if (input_dim != 1 || sz != C) ok = false;
+    }
+  }
+  TORCH_CHECK_VALUE(ok, op, ": multiplier of shape ", shape_str(multiplier.sizes()),
+                    " must broadcast against input of shape ", shape_str(sizes),
+                    " varying at most along the channel dim: one element, or C=", C,
+                    " elements shaped (C, 1, 1, 1) or (1, C, 1, 1, 1)");
+
+  const auto k = expand3(op, "kernel_size", kernel_size, {0, 0, 0}, false);
+  const auto s = expand3(op, "stride", stride, k, true);
+  const auto p = expand3(op, "padding", padding, {0, 0, 0}, false);
+  const auto d = expand3(op, "dilation", dilation, {1, 1, 1}, false);
+  check_pool_params(op, k, s, p, d);
+
+  PoolGeometry g;
+  g.N = sizes[0];
+  g.C = C;
+  g.D = sizes[2];
+  g.H = sizes[3];
+  g.W = sizes[4];
+  TORCH_CHECK_VALUE(g.N >= 0 && g.C >= 0, op, ": negative sizes in input shape ", shape_str(sizes));
+  TORCH_CHECK_VALUE(g.D > 0 && g.H > 0 && g.W > 0, op,
+                    ": expected non-empty spatial dims (D, H, W), got input of shape ", shape_str(sizes));
+  g.kd = k[0]; g.kh = k[1]; g.kw = k[2];
+  g.sd = s[0]; g.sh = s[1]; g.sw = s[2];
+  g.pd = p[0]; g.ph = p[1]; g.pw = p[2];
+  g.dd = d[0]; g.dh = d[1]; g.dw = d[2];
+  return g;
+}
+
+}  // namespace
+
+PoolGeometry check_post_pool_args(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
+                                  at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                                  at::IntArrayRef dilation, bool ceil_mode) {
+  TORCH_CHECK_VALUE(input.layout() == at::kStrided, op, ": sparse inputs are not supported");
+  PoolGeometry g = check_common(op, input.sizes(), input.scalar_type(), input.device(), multiplier, kernel_size,
+                                stride, padding, dilation);
+  g.OD = pooled_size(op, g.D, g.kd, g.sd, g.pd, g.dd, ceil_mode);
+  g.OH = pooled_size(op, g.H, g.kh, g.sh, g.ph, g.dh, ceil_mode);
+  g.OW = pooled_size(op, g.W, g.kw, g.sw, g.pw, g.dw, ceil_mode);
+  TORCH_CHECK_VALUE(g.OD >= 1 && g.OH >= 1 && g.OW >= 1, op, ": output size is too small: input ",
+                    shape_str(input.sizes()), " gives pooled size ", g.OD, "x", g.OH, "x", g.OW);
+  g.channels_last = output_memory_format(input) == at::MemoryFormat::ChannelsLast3d;
+  g.exact_tiling = is_exact_tiling(g);
+  return g;
+}
+
+PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const at::Tensor& selected,
+                                           const at::Tensor& offsets, const at::Tensor& multiplier,
+                                           at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+                                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                           bool channels_last) {
+  const char* op = "fused::post_pool_backward";
+  TORCH_CHECK_VALUE(grad_output.dim() == 5 && selected.sizes() == grad_output.sizes() &&
+                        offsets.sizes() == grad_output.sizes(),
+                    op, ": grad_output ", shape_str(grad_output.sizes()), ", selected ", shape_str(selected.sizes()),
+                    " and offsets ", shape_str(offsets.sizes()), " must be 5-D with equal shapes");
+  TORCH_CHECK_TYPE(selected.scalar_type() == grad_output.scalar_type(), op,
+                   ": grad_output and selected must share one dtype, got ", grad_output.scalar_type(), " and ",
+                   selected.scalar_type());
+  TORCH_CHECK_VALUE(selected.device() == grad_output.device() && offsets.device() == grad_output.device(), op,
+                    ": grad_output, selected and offsets must be on one device");
+  PoolGeometry g = check_common(op, input_size, grad_output.scalar_type(), grad_output.device(), multiplier,
+                                kernel_size, stride, padding, dilation);
+  // ceil_mode is not an argument here: the pooled sizes come from grad_output.
+  g.OD = grad_output.size(2);
+  g.OH = grad_output.size(3);
+  g.OW = grad_output.size(4);
+  TORCH_CHECK_VALUE(grad_output.size(0) == g.N && grad_output.size(1) == g.C && g.OD >= 1 && g.OH >= 1 && g.OW >= 1,
+                    op, ": grad_output ", shape_str(grad_output.sizes()), " does not fit input_size ",
+                    shape_str(input_size));
+  TORCH_CHECK_TYPE(offsets.scalar_type() == g.offset_dtype(), op, ": offsets must be ", g.offset_dtype(),
+                   " for a window of ", g.window_volume(), " taps, got ", offsets.scalar_type());
+  g.channels_last = channels_last;
+  g.exact_tiling = is_exact_tiling(g);
+  return g;
+}
+
+ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
+                             at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                             at::IntArrayRef dilation, bool ceil_mode, double negative_slope,
+                             std::optional<double> negative_slope2) {
+  ForwardInputs f;
+  f.g = check_post_pool_args(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode);
+  f.format = f.g.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+  // Contiguous and channels_last_3d inputs are used in place; anything else is copied into the output's format.
+  f.input = input.contiguous(f.format);
+  f.multiplier = flat_multiplier(multiplier);
+  f.s1 = negative_slope;
+  f.s2 = negative_slope2.has_value() ? *negative_slope2 : negative_slope;
+  return f;
+}
+
+at::Tensor reduce_grad_multiplier(const at::Tensor& contrib, const at::Tensor& multiplier) {
+  // contrib: per-output contributions (N, C, OD, OH, OW) in the op-math dtype; sum everything but channels.
+  at::Tensor per_channel = contrib.numel() == 0 ? at::zeros({contrib.size(1)}, contrib.options())
+                                                : contrib.sum(at::IntArrayRef({0, 2, 3, 4}));
+  at::Tensor total = multiplier.numel() == 1 ? per_channel.sum() : per_channel;
+  return total.reshape(multiplier.sizes()).to(multiplier.scalar_type()).contiguous();
+}
+
+}  // namespace fused

@@ -1,0 +1,27 @@
+"""torch_fused_ops: fused PyTorch operators for torch.compile.
+
+``import torch_fused_ops`` loads the C++/CUDA library (registering ``torch.ops.fused.*``) and the Python
+fake/autograd registrations. Public API: :func:`post_pool`, :func:`reference_post_pool`.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "torch_fused_ops: the compiled library torch_fused_ops._C failed to load. It must be built against the "
+        f"installed torch ({torch.__version__}); rebuild with `pip install --no-build-isolation -e .`. "
+        f"Original error: {e}"
+    ) from e
+
+from .ops import post_pool, reference_post_pool  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["post_pool", "reference_post_pool", "has_cuda_kernels", "__version__"]
+
+
+def has_cuda_kernels() -> bool:
+    """Whether this build of the library registered CUDA kernels (it does whenever torch is a CUDA build)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fused::post_pool", "CUDA")
