@@ -25,10 +25,10 @@ struct PoolGeometry {
   // element belongs to at most one window.
   bool exact_tiling;
 
-  int64_t window_volume() const { return kd * kh * kw; }
-  int64_t output_numel() const { return N * C * OD * OH * OW; }
-  int64_t input_numel() const { return N * C * D * H * W; }
-  bool empty() const { return N == 0 || C == 0; }
+  C10_HOST_DEVICE int64_t window_volume() const { return kd * kh * kw; }
+  C10_HOST_DEVICE int64_t output_numel() const { return N * C * OD * OH * OW; }
+  C10_HOST_DEVICE int64_t input_numel() const { return N * C * D * H * W; }
+  C10_HOST_DEVICE bool empty() const { return N == 0 || C == 0; }
   // Offsets fit one byte unless the window has more than 256 taps.
   at::ScalarType offset_dtype() const { return window_volume() <= 256 ? at::kByte : at::kInt; }
 };
