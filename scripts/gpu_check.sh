@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything the H200 check needs, in one device call: build, full test suite (CUDA included), compute-sanitizer
+# memcheck on the CUDA tests, then the benchmark. Logs go to $OUT; a short summary is printed last.
+#   device run: bash scripts/gpu_check.sh [quick]
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}   # the H200 only: halves the build time there
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+note "gpu: $(cat "$OUT/gpu.txt")"
+note "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)')"
+
+t0=$SECONDS
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; note "BUILD FAILED"; exit 1
+fi
+note "build: ok in $((SECONDS - t0)) s"
+
+t0=$SECONDS
+python3 -m pytest tests -q -p no:cacheprovider -rfEs > "$OUT/pytest.log" 2>&1
+rc_tests=$?
+note "pytest (all, CUDA included): rc=$rc_tests in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20 | tee -a "$summary"
+
+t0=$SECONDS
+timeout 420 compute-sanitizer --tool memcheck --error-exitcode 99 \
+  python3 -m pytest tests -q -p no:cacheprovider -k "cuda and not compile" -x > "$OUT/memcheck.log" 2>&1
+rc_mem=$?
+note "compute-sanitizer memcheck on CUDA tests: rc=$rc_mem in $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"
+
+if [ "${1:-}" != "quick" ]; then
+  python3 -m torch_fused_ops.bench --out "$OUT" > "$OUT/bench.md" 2> "$OUT/bench.log"
+  python3 -m torch_fused_ops.demo > "$OUT/demo.log" 2>&1
+  cat "$OUT/bench.md" >> "$summary"
+  tail -8 "$OUT/demo.log" >> "$summary"
+fi
+echo "================ summary ================"
+cat "$summary"
+[ $rc_tests -eq 0 ] && [ $rc_mem -eq 0 ]
