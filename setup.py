@@ -54,10 +54,12 @@ want_cuda = (
 
 sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
 # -ffp-contract=off: never fuse a*b+c into an FMA, which would change float32 results against eager.
-cxx_flags = ["-O3", "-ffp-contract=off"]
+# -fopenmp: at::parallel_for is header code and runs serially without it.
+cxx_flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
 ext_kwargs = dict(
     include_dirs=[os.path.join(ROOT, "csrc")],
     extra_compile_args={"cxx": cxx_flags},
+    extra_link_args=["-fopenmp"],
 )
 if want_cuda:
     sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))

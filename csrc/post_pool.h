@@ -87,7 +87,9 @@ at::Tensor reduce_grad_multiplier(const at::Tensor& contrib, const at::Tensor& m
 // to the eager composite; no additions, so no FMA contraction can change a result.
 template <typename acc_t>
 C10_HOST_DEVICE inline acc_t leaky(acc_t v, acc_t slope) {
-  return v > acc_t(0) ? v : v * slope;
+  // Both sides computed, then a select: a branch on the sign of random data mispredicts half the time.
+  const acc_t scaled = v * slope;
+  return v > acc_t(0) ? v : scaled;
 }
 
 template <typename acc_t>
@@ -168,11 +170,11 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
         for (int jw = 0; jw < KW; ++jw) {
           const scalar_t xv = p[jd * sD + jh * sH + jw * sW];
           const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
-          if (takes_max(v, r.value)) {
-            r.value = v;
-            r.input = xv;
-            r.offset = (jd * KH + jh) * KW + jw;
-          }
+          // Selects, not a branch: on random data the branch mispredicts about half the time.
+          const bool take = takes_max(v, r.value);
+          r.value = take ? v : r.value;
+          r.input = take ? xv : r.input;
+          r.offset = take ? (jd * KH + jh) * KW + jw : r.offset;
         }
       }
     }
@@ -190,11 +192,10 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
         for (int64_t jw = jw0; jw < jw1; ++jw) {
           const scalar_t xv = ph_[(w0 + jw * g.dw) * sW];
           const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
-          if (takes_max(v, r.value)) {
-            r.value = v;
-            r.input = xv;
-            r.offset = static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw);
-          }
+          const bool take = takes_max(v, r.value);
+          r.value = take ? v : r.value;
+          r.input = take ? xv : r.input;
+          r.offset = take ? static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw) : r.offset;
         }
       }
     }

@@ -23,22 +23,57 @@ struct ForwardPtrs {
   off_t* off;        // nullptr for inference
 };
 
-// One output at a time, any layout and window; the reference path the vectorized ones must agree with.
-template <bool CL, int K, typename scalar_t, typename off_t>
-void forward_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+// One output at a time, any window; NCDHW. Rows of outputs (n, c, od, oh) are the parallel unit, so index
+// arithmetic (int64 division) is paid per row, not per output.
+template <int K, typename scalar_t, typename off_t>
+void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
-  at::parallel_for(0, g.output_numel(), kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      int64_t n, c, od, oh, ow;
-      output_coords<CL>(i, g, n, c, od, oh, ow);
-      const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
-      const auto r = scan_window<K, K, K>(p.x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
-      p.out[i] = static_cast<scalar_t>(r.value);
-      if (p.sel != nullptr) {
-        p.sel[i] = r.input;
-        p.off[i] = static_cast<off_t>(r.offset);
+  const int64_t rows = g.N * g.C * g.OD * g.OH;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t oh = r % g.OH;
+      const int64_t od = (r / g.OH) % g.OD;
+      const int64_t nc = r / (g.OH * g.OD);
+      const acc_t m = static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]);
+      const scalar_t* plane = p.x + nc * st.c;
+      const int64_t obase = r * g.OW;
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        const auto w = scan_window<K, K, K>(plane, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+        p.out[obase + ow] = static_cast<scalar_t>(w.value);
+        if (p.sel != nullptr) {
+          p.sel[obase + ow] = w.input;
+          p.off[obase + ow] = static_cast<off_t>(w.offset);
+        }
+      }
+    }
+  });
+}
+
+// channels_last_3d, any dtype: one pooled position (n, od, oh, ow) per step, channels innermost.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                  double s2d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
+  const Strides st = input_strides(g);
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      for (int64_t c = 0; c < g.C; ++c) {
+        const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
+        const auto w = scan_window<0, 0, 0>(p.x + n * st.n + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+        const int64_t i = pos * g.C + c;
+        p.out[i] = static_cast<scalar_t>(w.value);
+        if (p.sel != nullptr) {
+          p.sel[i] = w.input;
+          p.off[i] = static_cast<off_t>(w.offset);
+        }
       }
     }
   });
@@ -118,12 +153,12 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
       forward_channels_last_vec(p, g, s1, s2);
     } else {
-      forward_scalar<true, 0>(p, g, s1, s2);
+      forward_channels_last_scalar(p, g, s1, s2);
     }
   } else if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
-    forward_scalar<false, 2>(p, g, s1, s2);
+    forward_rows<2>(p, g, s1, s2);
   } else {
-    forward_scalar<false, 0>(p, g, s1, s2);
+    forward_rows<0>(p, g, s1, s2);
   }
 }
 
