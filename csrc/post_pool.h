@@ -278,7 +278,7 @@ C10_HOST_DEVICE inline acc_t gather_grad(
       const int64_t o = output_index<CL>(g, n, c, od, oh, ow);
       const int64_t want = ((d - od * KD) * KH + (h - oh * KH)) * KW + (w - ow * KW);
       if (static_cast<int64_t>(offsets[o]) == want) {
-        sum = static_cast<acc_t>(grad_out[o]);
+        sum = acc_t(0) + static_cast<acc_t>(grad_out[o]);  // as eager: accumulate into zeros (-0 -> +0)
         xsel = static_cast<acc_t>(selected[o]);
         hit = true;
       }

@@ -152,12 +152,14 @@ torch.library.register_autograd("fused::post_pool_with_offsets", _backward, setu
 _lib = torch.library.Library("fused", "IMPL")
 
 
-def _post_pool_autograd(keyset, *args, **kwargs):
+def _post_pool_autograd(*args, **kwargs):
     input, multiplier = args[0], args[1]
     if torch.is_grad_enabled() and (input.requires_grad or multiplier.requires_grad):
         return _ops.post_pool_with_offsets.default(*args, **kwargs)[0]
+    # A fresh call below autograd rather than OpOverload.redispatch: on torch 2.11 an argument error raised by
+    # the kernel under redispatch crashed the process (seen on the H200 machine) instead of raising.
     with torch._C._AutoDispatchBelowAutograd():
-        return _ops.post_pool.default.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
+        return _ops.post_pool.default(*args, **kwargs)
 
 
-_lib.impl("post_pool", _post_pool_autograd, "Autograd", with_keyset=True)
+_lib.impl("post_pool", _post_pool_autograd, "Autograd")

@@ -85,6 +85,36 @@ __global__ void __launch_bounds__(kThreads) post_pool_grad_multiplier_kernel(
   }
 }
 
+// Exact tiling (2x2x2, stride 2, no padding): each input element lies in at most one window, so one thread per
+// output writes its whole window (the chosen tap's gradient, zeros elsewhere) and its multiplier contribution.
+// No index search per input element, and the writes of a warp are contiguous runs.
+template <typename scalar_t, typename off_t, bool CL>
+__global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_kernel(
+    const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel, const off_t* __restrict__ off,
+    const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g, const Strides st,
+    at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2, scalar_t* __restrict__ gi,
+    at::opmath_type<scalar_t>* __restrict__ contrib) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t total = g.output_numel();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t n, c, od, oh, ow;
+    output_coords<CL>(i, g, n, c, od, oh, ow);
+    const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
+    const acc_t x = static_cast<acc_t>(sel[i]);
+    // 0 + g, as eager accumulates into a zeroed buffer (turns -0 into +0).
+    const acc_t gsum = acc_t(0) + static_cast<acc_t>(go[i]);
+    const scalar_t gx = static_cast<scalar_t>(grad_input_of(gsum, x, m, s1, s2));
+    contrib[i] = grad_multiplier_of(gsum, x, m, s1, s2);
+    const int tap = static_cast<int>(off[i]);
+    scalar_t* base = gi + n * st.n + c * st.c + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      base[(t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w] = t == tap ? gx : scalar_t(0);
+    }
+  }
+}
+
 template <typename scalar_t, typename off_t, bool SAVE>
 void launch_forward(const ForwardInputs& f, const at::Tensor& out, const at::Tensor& sel, const at::Tensor& off,
                     cudaStream_t stream) {
@@ -177,15 +207,19 @@ void launch_backward(const PoolGeometry& g, const at::Tensor& go, const at::Tens
   const scalar_t* mp = mflat.const_data_ptr<scalar_t>();
   const int64_t ms = mflat.numel() == 1 ? 0 : 1;
   scalar_t* gi = grad_input.mutable_data_ptr<scalar_t>();
-  const dim3 grid_in(static_cast<unsigned>(num_blocks(g.input_numel())));
-  if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
-    post_pool_grad_input_kernel<scalar_t, off_t, CL, 2><<<grid_in, kThreads, 0, stream>>>(gop, sp, op, mp, ms, g, s1, s2, gi);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else {
-    post_pool_grad_input_kernel<scalar_t, off_t, CL, 0><<<grid_in, kThreads, 0, stream>>>(gop, sp, op, mp, ms, g, s1, s2, gi);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   const dim3 grid_out(static_cast<unsigned>(num_blocks(g.output_numel())));
+  if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
+    if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) {
+      grad_input.zero_();  // elements past the last window get no gradient
+    }
+    post_pool_backward_tiled2_kernel<scalar_t, off_t, CL><<<grid_out, kThreads, 0, stream>>>(
+        gop, sp, op, mp, ms, g, input_strides(g), s1, s2, gi, contrib.mutable_data_ptr<acc_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const dim3 grid_in(static_cast<unsigned>(num_blocks(g.input_numel())));
+  post_pool_grad_input_kernel<scalar_t, off_t, CL, 0><<<grid_in, kThreads, 0, stream>>>(gop, sp, op, mp, ms, g, s1, s2, gi);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   post_pool_grad_multiplier_kernel<scalar_t, off_t, CL><<<grid_out, kThreads, 0, stream>>>(
       gop, sp, op, mp, ms, g, s1, s2, contrib.mutable_data_ptr<acc_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
