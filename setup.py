@@ -55,11 +55,12 @@ want_cuda = (
 sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
 # -ffp-contract=off: never fuse a*b+c into an FMA, which would change float32 results against eager.
 # -fopenmp: at::parallel_for is header code and runs serially without it.
-cxx_flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
+use_openmp = os.environ.get("TORCH_FUSED_OPS_NO_OPENMP", "0") != "1"
+cxx_flags = ["-O3", "-ffp-contract=off"] + (["-fopenmp"] if use_openmp else [])
 ext_kwargs = dict(
     include_dirs=[os.path.join(ROOT, "csrc")],
     extra_compile_args={"cxx": cxx_flags},
-    extra_link_args=["-fopenmp"],
+    extra_link_args=["-fopenmp"] if use_openmp else [],
 )
 if want_cuda:
     sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))

@@ -7,19 +7,23 @@ OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}   # the H200 only: halves the build time there
+# The H200 image sets CXX=/opt/gcc/bin/g++, which links libstdc++ statically into the extension; that private
+# copy crashed (SIGSEGV in ostream) whenever a kernel formatted an error message. The system g++ links it
+# dynamically, sharing torch's.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 summary="$OUT/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 note "gpu: $(cat "$OUT/gpu.txt")"
-note "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)')"
+note "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'), CXX=${CXX:-unset}"
 
 t0=$SECONDS
 if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; note "BUILD FAILED"; exit 1
 fi
-note "build: ok in $((SECONDS - t0)) s"
+note "build: ok in $((SECONDS - t0)) s; libstdc++: $(ldd torch_fused_ops/_C*.so | grep -o 'libstdc++[^ ]*' || echo 'static (bad)')"
 
 t0=$SECONDS
 python3 -m pytest tests -q -p no:cacheprovider -rfEs > "$OUT/pytest.log" 2>&1
