@@ -167,9 +167,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool 
                                                            at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                            at::IntArrayRef padding, at::IntArrayRef dilation,
                                                            bool ceil_mode, std::optional<double> negative_slope2) {
-  TORCH_CHECK_VALUE(input.device().is_cpu(), op, ": CPU kernel called with input on ", input.device());
+  // The shared checks first: they name a device mismatch between input and multiplier.
   const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
                                           negative_slope, negative_slope2);
+  TORCH_CHECK_VALUE(input.device().is_cpu(), op, ": CPU kernel called with input on device ", input.device());
   const PoolGeometry& g = f.g;
   const auto opts = input.options().memory_format(f.format);
   at::Tensor out = at::empty({g.N, g.C, g.OD, g.OH, g.OW}, opts);

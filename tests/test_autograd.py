@@ -359,3 +359,24 @@ def test_raw_op_autograd(device, cfg_name):
     out.backward(g)
     torch.testing.assert_close(xo.grad, gx_e, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mo.grad, gm_e, **grad_multiplier_tol(x, g, torch.float32))
+
+
+def test_multiplier_grad_ignores_unselected_nonfinite_inputs():
+    # Documented difference from eager: eager's multiplier gradient turns NaN when an element no window
+    # selected is inf (0 * inf in the product rule); ours depends on selected elements only.
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 4, 4)  # D=5: the last plane lies outside every 2x2x2 window
+    m = torch.randn(2, 1, 1, 1)
+    grads = []
+    for fill in (0.5, float("inf"), float("nan")):
+        xi = x.clone()
+        xi[0, 0, 4, 0, 0] = fill
+        xi.requires_grad_()
+        mi = m.clone().requires_grad_()
+        out = torch_fused_ops.post_pool(xi, mi, 0.2, 2)
+        gx, gm = torch.autograd.grad(out, (xi, mi), torch.ones_like(out))
+        assert torch.isfinite(gm).all() and torch.isfinite(gx).all()
+        grads.append((gx, gm))
+    for gx, gm in grads[1:]:
+        torch.testing.assert_close(gm, grads[0][1], rtol=0, atol=0)
+        torch.testing.assert_close(gx, grads[0][0], rtol=0, atol=0)

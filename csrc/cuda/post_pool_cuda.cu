@@ -154,9 +154,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(const char* op, bool
                                                             at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                             at::IntArrayRef padding, at::IntArrayRef dilation,
                                                             bool ceil_mode, std::optional<double> negative_slope2) {
-  TORCH_CHECK_VALUE(input.is_cuda(), op, ": CUDA kernel called with input on ", input.device());
+  // The shared checks first: they name a device mismatch between input and multiplier.
   const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
                                           negative_slope, negative_slope2);
+  TORCH_CHECK_VALUE(input.is_cuda(), op, ": CUDA kernel called with input on device ", input.device());
   const PoolGeometry& g = f.g;
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   const auto opts = input.options().memory_format(f.format);
@@ -232,7 +233,7 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cuda(
     at::IntArrayRef dilation, bool channels_last) {
   const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
                                                        kernel_size, stride, padding, dilation, channels_last);
-  TORCH_CHECK_VALUE(grad_output.is_cuda(), "fused::post_pool_backward: CUDA kernel called with grad_output on ",
+  TORCH_CHECK_VALUE(grad_output.is_cuda(), "fused::post_pool_backward: CUDA kernel called with grad_output on device ",
                     grad_output.device());
   const c10::cuda::OptionalCUDAGuard guard(grad_output.device());
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;

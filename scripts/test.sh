@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Sets up (scripts/setup.sh) and runs the whole test suite; CUDA tests run when a GPU is present, else skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${PYTHON:-python3}" -m pytest tests -q "$@"
