@@ -1,5 +1,6 @@
 // CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward.
 #include "post_pool.h"
+#include "post_pool_cpu_simd.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -7,6 +8,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
+
+#include <limits>
+#include <vector>
 
 namespace fused {
 namespace {
@@ -79,68 +83,71 @@ void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const P
   });
 }
 
-// channels_last_3d, float/double: all channels of one pooled position at once, a SIMD vector of channels per
-// step. Same update rule and tap order as scan_window, so results are bit-identical to the scalar path.
+// float/double, contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
 template <typename scalar_t, typename off_t>
-void forward_channels_last_vec(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
-                               double s2d) {
-  using Vec = at::vec::Vectorized<scalar_t>;
-  constexpr int64_t V = Vec::size();
+void forward_rows_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
   const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
-  const Vec vs1(s1), vs2(s2), vzero(scalar_t(0)), vninf(-std::numeric_limits<scalar_t>::infinity());
   const Strides st = input_strides(g);
+  const int64_t rows = g.N * g.C * g.OD * g.OH;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t oh = r % g.OH;
+      const int64_t od = (r / g.OH) % g.OD;
+      const int64_t nc = r / (g.OH * g.OD);
+      const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+      const int64_t o = r * g.OW;
+      uint8_t* off = nullptr;
+      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      simd::row_2x2x2(base, base + st.h, base + st.d, base + st.d + st.h, g.OW, p.m[(nc % g.C) * p.m_stride], s1,
+                      s2, p.out + o, p.sel == nullptr ? nullptr : p.sel + o, off);
+    }
+  });
+}
+
+// float/double, channels_last_3d, any window: per pooled position, each in-range tap is folded into the running
+// max of all C channels by the vectorized channel kernel, in window order.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                double s2d) {
+  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+  const Strides st = input_strides(g);
+  std::vector<scalar_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = p.m[c * p.m_stride];
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.C, 1));
-  at::parallel_for(0, positions, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
-      int64_t rest = pos;
-      const int64_t ow = rest % g.OW; rest /= g.OW;
-      const int64_t oh = rest % g.OH; rest /= g.OH;
-      const int64_t od = rest % g.OD;
-      const int64_t n = rest / g.OD;
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
       const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
       const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
       const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
       const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
-      const scalar_t* xn = p.x + n * st.n;
-      const int64_t obase = pos * g.C;
-      int64_t c = 0;
-      for (; c + V <= g.C; c += V) {
-        const Vec m = p.m_stride == 0 ? Vec(p.m[0]) : Vec::loadu(p.m + c);
-        Vec best = vninf, bestx = vzero;
-        Vec bestoff(static_cast<scalar_t>((jd0 * g.kh + jh0) * g.kw + jw0));
-        for (int64_t jd = jd0; jd < jd1; ++jd) {
-          for (int64_t jh = jh0; jh < jh1; ++jh) {
-            for (int64_t jw = jw0; jw < jw1; ++jw) {
-              const Vec x = Vec::loadu(xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h +
-                                       (w0 + jw * g.dw) * st.w + c);
-              const Vec y1 = Vec::blendv(x * vs1, x, x > vzero);
-              const Vec y2 = y1 * m;
-              const Vec v = Vec::blendv(y2 * vs2, y2, y2 > vzero);
-              const Vec take = (v > best) | v.isnan();
-              best = Vec::blendv(best, v, take);
-              if (p.sel != nullptr) {
-                bestx = Vec::blendv(bestx, x, take);
-                bestoff = Vec::blendv(bestoff, Vec(static_cast<scalar_t>((jd * g.kh + jh) * g.kw + jw)), take);
-              }
-            }
-          }
-        }
-        best.store(p.out + obase + c);
-        if (p.sel != nullptr) {
-          bestx.store(p.sel + obase + c);
-          scalar_t offs[V];
-          bestoff.store(offs);
-          for (int64_t l = 0; l < V; ++l) p.off[obase + c + l] = static_cast<off_t>(offs[l]);
+      const int64_t o = pos * g.C;
+      scalar_t* out = p.out + o;
+      scalar_t* sel = p.sel == nullptr ? nullptr : p.sel + o;
+      uint8_t* off8 = nullptr;
+      int32_t* off32 = nullptr;
+      if (p.off != nullptr) {
+        if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
+      }
+      const off_t first = static_cast<off_t>((jd0 * g.kh + jh0) * g.kw + jw0);
+      for (int64_t c = 0; c < g.C; ++c) {
+        out[c] = -std::numeric_limits<scalar_t>::infinity();
+        if (sel != nullptr) {
+          sel[c] = scalar_t(0);
+          p.off[o + c] = first;
         }
       }
-      for (; c < g.C; ++c) {  // channels past the last full vector
-        const scalar_t m = p.m[c * p.m_stride];
-        const auto r = scan_window<0, 0, 0>(xn + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
-        p.out[obase + c] = r.value;
-        if (p.sel != nullptr) {
-          p.sel[obase + c] = r.input;
-          p.off[obase + c] = static_cast<off_t>(r.offset);
+      const scalar_t* xn = p.x + n * st.n;
+      for (int64_t jd = jd0; jd < jd1; ++jd) {
+        for (int64_t jh = jh0; jh < jh1; ++jh) {
+          for (int64_t jw = jw0; jw < jw1; ++jw) {
+            const scalar_t* x = xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h + (w0 + jw * g.dw) * st.w;
+            simd::channels_tap(x, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), out,
+                               sel, off8, off32);
+          }
         }
       }
     }
@@ -149,14 +156,20 @@ void forward_channels_last_vec(const ForwardPtrs<scalar_t, off_t>& p, const Pool
 
 template <typename scalar_t, typename off_t>
 void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
+  constexpr bool simd_dtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>;
+  const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
   if (g.channels_last) {
-    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-      forward_channels_last_vec(p, g, s1, s2);
+    if constexpr (simd_dtype) {
+      forward_channels_last_simd(p, g, s1, s2);
     } else {
       forward_channels_last_scalar(p, g, s1, s2);
     }
-  } else if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
-    forward_rows<2>(p, g, s1, s2);
+  } else if (k2) {
+    if constexpr (simd_dtype && std::is_same_v<off_t, uint8_t>) {
+      forward_rows_2x2x2_simd(p, g, s1, s2);
+    } else {
+      forward_rows<2>(p, g, s1, s2);
+    }
   } else {
     forward_rows<0>(p, g, s1, s2);
   }

@@ -15,8 +15,8 @@ summary="$OUT/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-note "gpu: $(cat "$OUT/gpu.txt")"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > /tmp/gpu.txt 2>&1
+note "gpu: $(cat /tmp/gpu.txt)"
 note "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)'), CXX=${CXX:-unset}"
 
 t0=$SECONDS

@@ -1,0 +1,120 @@
+// See post_pool_cpu_simd.h. This file includes no torch headers on purpose: everything in it may be compiled
+// for AVX-512 or AVX2, and only the exported leaf functions are dispatched on the running CPU.
+#include "post_pool_cpu_simd.h"
+
+#include <limits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FUSED_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FUSED_CLONES
+#endif
+
+namespace fused {
+namespace simd {
+namespace {
+
+template <typename T>
+inline T epilogue(T x, T m, T s1, T s2) {
+  const T a = x * s1;
+  const T y1 = x > T(0) ? x : a;
+  const T y2 = y1 * m;
+  const T b = y2 * s2;
+  return y2 > T(0) ? y2 : b;
+}
+
+template <typename T, bool SAVE>
+inline void row_body(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2, const T* __restrict r3,
+                     int64_t OW, T m, T s1, T s2, T* __restrict out, T* __restrict sel, uint8_t* __restrict off) {
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    T best = -std::numeric_limits<T>::infinity();
+    T bx = T(0);
+    int32_t bo = 0;
+#define FUSED_STEP(ROW, JW, TAP)                         \
+  {                                                      \
+    const T x = ROW[2 * ow + JW];                        \
+    const T v = epilogue(x, m, s1, s2);                  \
+    const bool take = (v > best) | (v != v);             \
+    best = take ? v : best;                              \
+    if (SAVE) {                                          \
+      bx = take ? x : bx;                                \
+      bo = take ? TAP : bo;                              \
+    }                                                    \
+  }
+    FUSED_STEP(r0, 0, 0)
+    FUSED_STEP(r0, 1, 1)
+    FUSED_STEP(r1, 0, 2)
+    FUSED_STEP(r1, 1, 3)
+    FUSED_STEP(r2, 0, 4)
+    FUSED_STEP(r2, 1, 5)
+    FUSED_STEP(r3, 0, 6)
+    FUSED_STEP(r3, 1, 7)
+#undef FUSED_STEP
+    out[ow] = best;
+    if (SAVE) {
+      sel[ow] = bx;
+      off[ow] = static_cast<uint8_t>(bo);
+    }
+  }
+}
+
+template <typename T, bool SAVE, typename Off>
+inline void channels_body(const T* __restrict x, const T* __restrict m, int64_t C, T s1, T s2, int32_t tap,
+                          T* __restrict out, T* __restrict sel, Off* __restrict off) {
+  for (int64_t c = 0; c < C; ++c) {
+    const T xv = x[c];
+    const T v = epilogue(xv, m[c], s1, s2);
+    const T best = out[c];
+    const bool take = (v > best) | (v != v);
+    out[c] = take ? v : best;
+    if (SAVE) {
+      sel[c] = take ? xv : sel[c];
+      off[c] = take ? static_cast<Off>(tap) : off[c];
+    }
+  }
+}
+
+}  // namespace
+
+FUSED_CLONES void row_2x2x2(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW, float m,
+                            float s1, float s2, float* out, float* sel, uint8_t* off) {
+  if (sel != nullptr) {
+    row_body<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  } else {
+    row_body<float, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  }
+}
+
+FUSED_CLONES void row_2x2x2(const double* r0, const double* r1, const double* r2, const double* r3, int64_t OW,
+                            double m, double s1, double s2, double* out, double* sel, uint8_t* off) {
+  if (sel != nullptr) {
+    row_body<double, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  } else {
+    row_body<double, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  }
+}
+
+FUSED_CLONES void channels_tap(const float* x, const float* m, int64_t C, float s1, float s2, int32_t tap,
+                               float* out, float* sel, uint8_t* off8, int32_t* off32) {
+  if (sel == nullptr) {
+    channels_body<float, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else if (off8 != nullptr) {
+    channels_body<float, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else {
+    channels_body<float, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
+  }
+}
+
+FUSED_CLONES void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap,
+                               double* out, double* sel, uint8_t* off8, int32_t* off32) {
+  if (sel == nullptr) {
+    channels_body<double, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else if (off8 != nullptr) {
+    channels_body<double, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else {
+    channels_body<double, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
+  }
+}
+
+}  // namespace simd
+}  // namespace fused

@@ -1,0 +1,30 @@
+// Branch-free inner loops of the CPU forward for float and double, written so the compiler vectorizes them, and
+// compiled for several instruction sets (AVX-512, AVX2, baseline) picked at load time by the CPU (GCC/Clang
+// function multiversioning). Only these leaf functions are cloned, so no inline code from other headers is
+// ever built for an instruction set the machine may lack.
+//
+// Each step does exactly what scan_window does (same operations, same tap order, same update rule), so the
+// results are bit-identical to the scalar path; -ffp-contract=off keeps the compiler from fusing into FMAs.
+#pragma once
+
+#include <cstdint>
+
+namespace fused {
+namespace simd {
+
+// Contiguous NCDHW, 2x2x2 window with stride 2 and no padding: one row of OW outputs from the four input rows
+// (jd, jh) = (0,0), (0,1), (1,0), (1,1). sel/off may be null (inference).
+void row_2x2x2(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW, float m, float s1,
+               float s2, float* out, float* sel, uint8_t* off);
+void row_2x2x2(const double* r0, const double* r1, const double* r2, const double* r3, int64_t OW, double m,
+               double s1, double s2, double* out, double* sel, uint8_t* off);
+
+// channels_last_3d: folds one window tap into the running max of C channels (x and m hold C values; out, sel and
+// off hold the running max, its input value and its tap). sel/off may be null.
+void channels_tap(const float* x, const float* m, int64_t C, float s1, float s2, int32_t tap, float* out,
+                  float* sel, uint8_t* off8, int32_t* off32);
+void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap, double* out,
+                  double* sel, uint8_t* off8, int32_t* off32);
+
+}  // namespace simd
+}  // namespace fused
