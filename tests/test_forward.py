@@ -154,8 +154,9 @@ def _sprinkle(x, value, frac, seed, cluster=True):
 @pytest.mark.parametrize("cfg", pool_params(["k2", "k3s2p1", "k2s1", "mixed"]))
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
-def test_nan_propagation(device, dtype, cfg):
-    x = _sprinkle(make_input(DEFAULT_SHAPE, dtype, device, seed=19), float("nan"), 0.05, seed=1)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_nan_propagation(device, dtype, layout, cfg):
+    x = _sprinkle(make_input(DEFAULT_SHAPE, dtype, device, layout, seed=19), float("nan"), 0.05, seed=1)
     m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
     out = run_op(x, m, cfg)
     expected = composite(x, m, 0.2, **cfg)
@@ -171,9 +172,10 @@ def test_nan_propagation(device, dtype, cfg):
 @pytest.mark.parametrize("cfg", pool_params(["k2", "k3s2p1"]))
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
-def test_infinities(device, dtype, cfg, slopes):
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_infinities(device, dtype, layout, cfg, slopes):
     # A zero slope turns -inf into NaN in eager (-inf * 0); the op must too.
-    x = make_input(DEFAULT_SHAPE, dtype, device, seed=20)
+    x = make_input(DEFAULT_SHAPE, dtype, device, layout, seed=20)
     x = _sprinkle(x, float("inf"), 0.04, seed=2, cluster=False)
     x = _sprinkle(x, float("-inf"), 0.04, seed=3)
     m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
@@ -193,8 +195,9 @@ def test_infinities(device, dtype, cfg, slopes):
 @pytest.mark.parametrize("cfg", pool_params(["k2", "k3s2p1", "k2s1", "k3s1p1d2"]))
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
-def test_ties(device, dtype, cfg):
-    x = make_input(DEFAULT_SHAPE, dtype, device, values="ties", seed=21)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_ties(device, dtype, layout, cfg):
+    x = make_input(DEFAULT_SHAPE, dtype, device, layout, values="ties", seed=21)
     m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
     out = run_op(x, m, cfg)
     check_against_eager(out, x, m, cfg)
