@@ -256,6 +256,49 @@ void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off,
   });
 }
 
+// float/double, 2x2x2 exact tiling: per-output window writes through the vectorized helpers; every element
+// inside a window is written, elements past the last window are zeroed first.
+template <typename scalar_t>
+void backward_2x2x2_simd(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
+                         int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
+                         scalar_t* contrib) {
+  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+  const Strides st = input_strides(g);
+  if (!g.channels_last) {
+    const int64_t rows = g.N * g.C * g.OD * g.OH;
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t oh = r % g.OH;
+        const int64_t od = (r / g.OH) % g.OD;
+        const int64_t nc = r / (g.OH * g.OD);
+        scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+        const int64_t o = r * g.OW;
+        simd::row_2x2x2_backward(go + o, sel + o, off + o, g.OW, mflat[(nc % g.C) * m_stride], s1, s2, base,
+                                 base + st.h, base + st.d, base + st.d + st.h, contrib + o);
+      }
+    });
+    return;
+  }
+  std::vector<scalar_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = mflat[c * m_stride];
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    std::vector<scalar_t> scratch(g.C);
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
+      scalar_t* taps[8];
+      for (int t = 0; t < 8; ++t) taps[t] = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
+      const int64_t o = pos * g.C;
+      simd::channels_2x2x2_backward(go + o, sel + o, off + o, m.data(), g.C, s1, s2, taps, contrib + o,
+                                    scratch.data());
+    }
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
     const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
@@ -279,6 +322,15 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
         auto* gi = grad_input.mutable_data_ptr<scalar_t>();
         auto* ct = contrib.mutable_data_ptr<acc_t>();
         const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
+        if constexpr ((std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) &&
+                      std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+          if (k2) {
+            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+            backward_2x2x2_simd<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
+                                          std::get<4>(args), g, s1, s2, gi, ct);
+            return;
+          }
+        }
         std::apply([&](auto... a) {
           if (channels_last) {
             k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct) : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct);

@@ -74,7 +74,85 @@ inline void channels_body(const T* __restrict x, const T* __restrict m, int64_t 
   }
 }
 
+// The chain rule as eager autograd applies it (leaky_relu_backward, mul backward, leaky_relu_backward), from
+// the gradient accumulated into zeros (0 + g, which turns -0 into +0 as eager's scatter does).
+template <typename T>
+inline void chain(T g, T x, T m, T s1, T s2, T& gx, T& gm) {
+  const T gsum = T(0) + g;
+  const T a = x * s1;
+  const T y1 = x > T(0) ? x : a;
+  const T y2 = y1 * m;
+  const T b = gsum * s2;
+  const T gy2 = y2 > T(0) ? gsum : b;
+  const T gy1 = gy2 * m;
+  const T c = gy1 * s1;
+  gx = x > T(0) ? gy1 : c;
+  gm = gy2 * y1;
+}
+
+template <typename T>
+inline void row_backward_body(const T* __restrict go, const T* __restrict sel, const uint8_t* __restrict off,
+                              int64_t OW, T m, T s1, T s2, T* __restrict g0, T* __restrict g1, T* __restrict g2,
+                              T* __restrict g3, T* __restrict contrib) {
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    T gx, gm;
+    chain(go[ow], sel[ow], m, s1, s2, gx, gm);
+    contrib[ow] = gm;
+    const int32_t t = off[ow];
+    g0[2 * ow] = t == 0 ? gx : T(0);
+    g0[2 * ow + 1] = t == 1 ? gx : T(0);
+    g1[2 * ow] = t == 2 ? gx : T(0);
+    g1[2 * ow + 1] = t == 3 ? gx : T(0);
+    g2[2 * ow] = t == 4 ? gx : T(0);
+    g2[2 * ow + 1] = t == 5 ? gx : T(0);
+    g3[2 * ow] = t == 6 ? gx : T(0);
+    g3[2 * ow + 1] = t == 7 ? gx : T(0);
+  }
+}
+
+template <typename T>
+inline void channels_backward_body(const T* __restrict go, const T* __restrict sel, const uint8_t* __restrict off,
+                                   const T* __restrict m, int64_t C, T s1, T s2, T* const* gi,
+                                   T* __restrict contrib, T* __restrict gx) {
+  for (int64_t c = 0; c < C; ++c) {
+    T g, gm;
+    chain(go[c], sel[c], m[c], s1, s2, g, gm);
+    gx[c] = g;
+    contrib[c] = gm;
+  }
+  for (int32_t t = 0; t < 8; ++t) {
+    T* __restrict dst = gi[t];
+    for (int64_t c = 0; c < C; ++c) {
+      dst[c] = off[c] == t ? gx[c] : T(0);
+    }
+  }
+}
+
 }  // namespace
+
+FUSED_CLONES void row_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, int64_t OW, float m,
+                                     float s1, float s2, float* g0, float* g1, float* g2, float* g3,
+                                     float* contrib) {
+  row_backward_body(go, sel, off, OW, m, s1, s2, g0, g1, g2, g3, contrib);
+}
+
+FUSED_CLONES void row_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, int64_t OW, double m,
+                                     double s1, double s2, double* g0, double* g1, double* g2, double* g3,
+                                     double* contrib) {
+  row_backward_body(go, sel, off, OW, m, s1, s2, g0, g1, g2, g3, contrib);
+}
+
+FUSED_CLONES void channels_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, const float* m,
+                                          int64_t C, float s1, float s2, float* const* gi, float* contrib,
+                                          float* gx) {
+  channels_backward_body(go, sel, off, m, C, s1, s2, gi, contrib, gx);
+}
+
+FUSED_CLONES void channels_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, const double* m,
+                                          int64_t C, double s1, double s2, double* const* gi, double* contrib,
+                                          double* gx) {
+  channels_backward_body(go, sel, off, m, C, s1, s2, gi, contrib, gx);
+}
 
 FUSED_CLONES void row_2x2x2(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW, float m,
                             float s1, float s2, float* out, float* sel, uint8_t* off) {

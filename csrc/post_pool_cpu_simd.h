@@ -26,5 +26,20 @@ void channels_tap(const float* x, const float* m, int64_t C, float s1, float s2,
 void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap, double* out,
                   double* sel, uint8_t* off8, int32_t* off32);
 
+// Backward for the 2x2x2 exact tiling, contiguous: from one row of OW outputs (grad, selected input, tap), writes
+// the whole window of each output into the four grad_input rows (the gradient at the chosen tap, zeros elsewhere)
+// and each output's multiplier-gradient contribution.
+void row_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, int64_t OW, float m, float s1,
+                        float s2, float* g0, float* g1, float* g2, float* g3, float* contrib);
+void row_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, int64_t OW, double m, double s1,
+                        double s2, double* g0, double* g1, double* g2, double* g3, double* contrib);
+
+// Same for channels_last_3d: one pooled position, C channels; gi[t] points at the C gradients of tap t.
+// gx is scratch space for C values.
+void channels_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, const float* m, int64_t C,
+                             float s1, float s2, float* const* gi, float* contrib, float* gx);
+void channels_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, const double* m, int64_t C,
+                             double s1, double s2, double* const* gi, double* contrib, double* gx);
+
 }  // namespace simd
 }  // namespace fused
