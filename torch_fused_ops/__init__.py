@@ -1,7 +1,9 @@
 """torch_fused_ops: fused PyTorch operators for torch.compile.
 
-``import torch_fused_ops`` loads the C++/CUDA library (registering ``torch.ops.fused.*``) and the Python
-fake/autograd registrations. Public API: :func:`post_pool`, :func:`reference_post_pool`.
+``import torch_fused_ops`` loads the C++/CUDA library (registering ``torch.ops.fused.*``), the Python
+fake/autograd registrations, and installs the Inductor pass that rewrites LeakyReLU -> x multiplier ->
+LeakyReLU -> MaxPool3d chains in torch.compile graphs to ``fused.post_pool`` (set TORCH_FUSED_OPS_DISABLE=1
+before import to skip that; see :func:`enable`, :func:`disable`, :func:`fusion_enabled`).
 """
 from __future__ import annotations
 
@@ -16,12 +18,20 @@ except ImportError as e:  # pragma: no cover - depends on the build
         f"Original error: {e}"
     ) from e
 
-from .ops import post_pool, reference_post_pool  # noqa: E402
-
 __version__ = "0.1.0"
-__all__ = ["post_pool", "reference_post_pool", "has_cuda_kernels", "__version__"]
+
+from .ops import post_pool, reference_post_pool  # noqa: E402
+from ._install import disable, enable, fusion_enabled, install, is_enabled, matched_count  # noqa: E402
+
+__all__ = [
+    "post_pool", "reference_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
+    "matched_count", "__version__",
+]
 
 
 def has_cuda_kernels() -> bool:
     """Whether this build of the library registered CUDA kernels (it does whenever torch is a CUDA build)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key("fused::post_pool", "CUDA")
+
+
+install()

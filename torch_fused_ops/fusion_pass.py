@@ -1,0 +1,265 @@
+"""Inductor graph pass: LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d  ==>  fused.post_pool.
+
+It runs on Inductor's pre-grad graph (``config.pre_grad_custom_pass``): the Torch-level graph Dynamo produced,
+before AOTAutograd. Rewriting there, rather than matching decomposed ATen patterns after AOTAutograd, means one
+rule covers every dtype (no per-dtype convert_element_type variants), inference and training alike (AOTAutograd
+then traces fused.post_pool's own autograd, so the backward graph uses fused.post_pool_backward and only
+pooled-size tensors are saved), static and dynamic shapes (symbolic slopes pass through as SymFloat), and
+every compile mode. It also matches the ATen spelling of the chain (as in exported programs), so AOTInductor
+packages built from an ExportedProgram use the fused op too.
+
+The rewrite applies only where it computes exactly what the original graph would:
+- every intermediate (both LeakyReLUs and the product) has no other user;
+- the multiplier is a tensor of the input's dtype and device that varies at most along the channel dim;
+- the input is 5-D floating point, the pool returns no indices, and the pool parameters are Python ints;
+- an in-place first LeakyReLU is fused only when its input is an intermediate nobody else reads.
+Anything else is left untouched, so the graph compiles as it would without this package.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx import Graph, Node
+
+aten = torch.ops.aten
+_FUSED = torch.ops.fused.post_pool.default
+
+# (target, positional parameter names, defaults, in place?)
+_LEAKY_SIGS: dict[Any, tuple[tuple[str, ...], dict[str, Any], bool]] = {
+    F.leaky_relu: (("input", "negative_slope", "inplace"), {"negative_slope": 0.01, "inplace": False}, False),
+    torch._C._nn.leaky_relu: (("input", "negative_slope"), {"negative_slope": 0.01}, False),
+    aten.leaky_relu.default: (("self", "negative_slope"), {"negative_slope": 0.01}, False),
+    F.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
+    torch._C._nn.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
+}
+_MUL_TARGETS = {operator.mul, torch.mul, torch.Tensor.mul, aten.mul.Tensor}
+_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+_POOL_SIGS: dict[Any, dict[str, Any]] = {
+    F.max_pool3d: {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False},
+    torch.max_pool3d: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},
+}
+_ATEN_POOL_WITH_INDICES = aten.max_pool3d_with_indices.default
+
+
+def _bind(node: Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
+    """Arguments of a call by parameter name, or None when the call has arguments we do not know."""
+    if len(node.args) > len(names):
+        return None
+    bound = dict(defaults)
+    bound.update(zip(names, node.args))
+    for k, v in node.kwargs.items():
+        if k not in names:
+            return None
+        bound[k] = v
+    return bound if all(n in bound for n in names[:1]) else None
+
+
+def _val(x: Any) -> Any:
+    """The example value of a node (fake tensor or symbolic scalar), or the constant itself."""
+    if isinstance(x, Node):
+        return x.meta.get("val", x.meta.get("example_value"))
+    return x
+
+
+def _known(expr: Any) -> bool:
+    """True only when `expr` holds for every value the compiled graph can see (no new guards)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(expr))
+    except Exception:  # pragma: no cover - very old torch
+        return bool(expr) if isinstance(expr, bool) else False
+
+
+def _single_user(node: Node) -> bool:
+    return len(node.users) == 1
+
+
+def _leaky(node: Any) -> tuple[Node, Any, bool] | None:
+    """(input, slope, in_place) if `node` is a LeakyReLU call."""
+    if not isinstance(node, Node) or node.op != "call_function" or node.target not in _LEAKY_SIGS:
+        return None
+    names, defaults, inplace = _LEAKY_SIGS[node.target]
+    b = _bind(node, names, defaults)
+    if b is None:
+        return None
+    inp = b[names[0]]
+    slope = b["negative_slope"]
+    inplace = inplace or b.get("inplace", False) is True
+    if b.get("inplace", False) not in (True, False):
+        return None
+    return (inp, slope, inplace) if isinstance(inp, Node) else None
+
+
+def _mul_operands(node: Any) -> tuple[Any, Any] | None:
+    if not isinstance(node, Node):
+        return None
+    if node.op == "call_function" and node.target in _MUL_TARGETS and len(node.args) == 2 and not node.kwargs:
+        return node.args[0], node.args[1]
+    if node.op == "call_method" and node.target == "mul" and len(node.args) == 2 and not node.kwargs:
+        return node.args[0], node.args[1]
+    return None
+
+
+def _pool(node: Node) -> tuple[Node, dict[str, Any], list[Node]] | None:
+    """(pool input, pool parameters, nodes to erase) if `node` produces max_pool3d's values without indices."""
+    if node.op != "call_function":
+        return None
+    if node.target in _POOL_SIGS:
+        b = _bind(node, _POOL_PARAMS, _POOL_SIGS[node.target])
+        if b is None or b.get("return_indices", False) is not False:
+            return None
+        return b["input"], b, [node]
+    # ATen spelling: getitem(max_pool3d_with_indices(...), 0) with the indices unused.
+    if node.target is operator.getitem and node.args[1] == 0:
+        src = node.args[0]
+        if (isinstance(src, Node) and src.op == "call_function" and src.target is _ATEN_POOL_WITH_INDICES
+                and _single_user(src)):
+            b = _bind(src, _POOL_PARAMS[:6], {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False})
+            if b is None:
+                return None
+            return b["input"], b, [node, src]
+    return None
+
+
+def _int3(v: Any, *, empty_ok: bool = False) -> list[int] | None:
+    if v is None:
+        return [] if empty_ok else None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return [v, v, v]
+    if isinstance(v, (list, tuple)) and all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+        if len(v) == 0 and empty_ok:
+            return []
+        if len(v) == 1:
+            return [v[0]] * 3
+        if len(v) == 3:
+            return list(v)
+    return None
+
+
+def _slope(v: Any) -> Any:
+    """A slope we can pass on: a Python number, or a node holding a (symbolic) float."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, Node) and isinstance(_val(v), (float, torch.SymFloat)):
+        return v
+    return None
+
+
+def _multiplier_ok(x: Any, m: Any, out: Any) -> bool:
+    """m broadcasts against x varying at most along C, with x's dtype and device, and changes no shape."""
+    if not isinstance(x, torch.Tensor) or not isinstance(m, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    if x.dim() != 5 or not x.dtype.is_floating_point or m.dtype != x.dtype or out.dtype != x.dtype:
+        return False
+    if m.device != x.device or m.dim() > 5:
+        return False
+    if _known(m.numel() == 1):
+        return True
+    for i, size in enumerate(m.shape):
+        if _known(size == 1):
+            continue
+        if 5 - m.dim() + i != 1 or not _known(size == x.shape[1]):
+            return False
+    return True
+
+
+def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
+    """Arguments for fused.post_pool, nodes to erase (users first), and the node whose uses move to it."""
+    p = _pool(pool_node)
+    if p is None:
+        return None
+    y3, pool_args, pool_nodes = p
+    leaky2 = _leaky(y3)
+    if leaky2 is None or not _single_user(y3):
+        return None
+    y2, s2, _ = leaky2
+    ops = _mul_operands(y2)
+    if ops is None or not _single_user(y2):
+        return None
+    for y1, m in (ops, ops[::-1]):
+        leaky1 = _leaky(y1)
+        if leaky1 is not None and _single_user(y1) and isinstance(m, Node) and m is not y1:
+            break
+    else:
+        return None
+    x, s1, inplace1 = leaky1
+    if inplace1 and (x.op == "placeholder" or len(x.users) != 1):
+        return None  # the in-place LeakyReLU mutates a tensor someone else can see
+    if not _multiplier_ok(_val(x), _val(m), _val(y3)):
+        return None
+    s1, s2 = _slope(s1), _slope(s2)
+    k = _int3(pool_args["kernel_size"])
+    st = _int3(pool_args["stride"], empty_ok=True)
+    pad = _int3(pool_args["padding"])
+    dil = _int3(pool_args["dilation"])
+    ceil = pool_args["ceil_mode"]
+    if None in (s1, s2, k, st, pad, dil) or not isinstance(ceil, bool):
+        return None
+    second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
+    args = [x, m, s1, k, st, pad, dil, ceil, second]
+    return args, [*pool_nodes, y3, y2, y1], pool_nodes[0]
+
+
+class PostPoolFusionPass(CustomGraphPass):
+    """Pre-grad pass rewriting the epilogue chain to fused.post_pool; composes with a previously set pass."""
+
+    def __init__(self, previous: Any = None):
+        self.previous = previous
+        self.matched_count = 0      # matches over the life of this pass object
+        self.last_matched_count = 0  # matches in the most recent graph
+
+    def __call__(self, graph: Graph) -> None:
+        self.last_matched_count = rewrite(graph)
+        self.matched_count += self.last_matched_count
+        if self.previous is not None:
+            self.previous(graph)
+
+    def uuid(self) -> Any:
+        # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
+        # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
+        from . import __version__, _geometry, ops
+
+        h = hashlib.sha256(__version__.encode())
+        for mod in (__import__(__name__, fromlist=["_"]), ops, _geometry):
+            h.update(inspect.getsource(mod).encode())
+        if self.previous is not None:
+            prev = getattr(self.previous, "uuid", None)
+            prev_id = prev() if callable(prev) else None
+            if prev_id is None:
+                return None
+            h.update(repr(prev_id).encode())
+        return h.hexdigest()
+
+
+def rewrite(graph: Graph) -> int:
+    """Rewrites every match in `graph` in place; returns how many."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.graph is not graph or node.op != "call_function":
+            continue  # erased by an earlier match
+        m = _match(node)
+        if m is None:
+            continue
+        args, dead, anchor = m
+        with graph.inserting_before(anchor):
+            fused = graph.call_function(_FUSED, tuple(args))
+        for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
+            if key in anchor.meta:
+                fused.meta[key] = anchor.meta[key]
+        anchor.replace_all_uses_with(fused)
+        for n in dead:
+            graph.erase_node(n)
+        count += 1
+    return count
