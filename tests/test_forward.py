@@ -27,6 +27,9 @@ from fused_testing import (
     EAGER_TOL,
 )
 
+# D, H, W = 2*OD, 2*OH, 2*OW with OW and C multiples of 8: takes the CUDA kernels' vectorized 2x2x2 path.
+TILED_SHAPE = (2, 8, 4, 6, 16)
+
 ALL_POOLS = ["k2", "k2s2", "k3s2p1", "k231s123", "k3s1p1d2", "k2s2ceil", "k3s2p1ceil", "mixed", "k1", "k2s1"]
 
 
@@ -155,9 +158,10 @@ def _sprinkle(x, value, frac, seed, cluster=True):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_nan_propagation(device, dtype, layout, cfg):
-    x = _sprinkle(make_input(DEFAULT_SHAPE, dtype, device, layout, seed=19), float("nan"), 0.05, seed=1)
-    m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
+@pytest.mark.parametrize("shape", [DEFAULT_SHAPE, TILED_SHAPE], ids=["odd", "tiled"])
+def test_nan_propagation(shape, device, dtype, layout, cfg):
+    x = _sprinkle(make_input(shape, dtype, device, layout, seed=19), float("nan"), 0.05, seed=1)
+    m = make_multiplier("C111", shape[1], dtype, device)
     out = run_op(x, m, cfg)
     expected = composite(x, m, 0.2, **cfg)
     assert torch.isnan(expected).any()
@@ -173,12 +177,13 @@ def test_nan_propagation(device, dtype, layout, cfg):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_infinities(device, dtype, layout, cfg, slopes):
+@pytest.mark.parametrize("shape", [DEFAULT_SHAPE, TILED_SHAPE], ids=["odd", "tiled"])
+def test_infinities(shape, device, dtype, layout, cfg, slopes):
     # A zero slope turns -inf into NaN in eager (-inf * 0); the op must too.
-    x = make_input(DEFAULT_SHAPE, dtype, device, layout, seed=20)
+    x = make_input(shape, dtype, device, layout, seed=20)
     x = _sprinkle(x, float("inf"), 0.04, seed=2, cluster=False)
     x = _sprinkle(x, float("-inf"), 0.04, seed=3)
-    m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
+    m = make_multiplier("C111", shape[1], dtype, device)
     s1, s2 = slopes
     out = run_op(x, m, cfg, s1, s2)
     expected = composite(x, m, s1, negative_slope2=s2, **cfg)
@@ -196,9 +201,10 @@ def test_infinities(device, dtype, layout, cfg, slopes):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_ties(device, dtype, layout, cfg):
-    x = make_input(DEFAULT_SHAPE, dtype, device, layout, values="ties", seed=21)
-    m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
+@pytest.mark.parametrize("shape", [DEFAULT_SHAPE, TILED_SHAPE], ids=["odd", "tiled"])
+def test_ties(shape, device, dtype, layout, cfg):
+    x = make_input(shape, dtype, device, layout, values="ties", seed=21)
+    m = make_multiplier("C111", shape[1], dtype, device)
     out = run_op(x, m, cfg)
     check_against_eager(out, x, m, cfg)
 
@@ -286,9 +292,10 @@ def test_raw_op_schema_call(device, cfg):
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("device", DEVICES)
-def test_post_pool_with_offsets(device, dtype, layout, cfg, values):
-    x = make_input(DEFAULT_SHAPE, dtype, device, layout, seed=26, values=values)
-    m = make_multiplier("C111", DEFAULT_SHAPE[1], dtype, device)
+@pytest.mark.parametrize("shape", [DEFAULT_SHAPE, TILED_SHAPE], ids=["odd", "tiled"])
+def test_post_pool_with_offsets(shape, device, dtype, layout, cfg, values):
+    x = make_input(shape, dtype, device, layout, seed=26, values=values)
+    m = make_multiplier("C111", shape[1], dtype, device)
     k, s, p, d, ceil = op_args(cfg)
     out, selected, offsets = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, k, s, p, d, ceil, None)
     check_against_eager(out, x, m, cfg)

@@ -16,6 +16,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
 namespace fused {
 namespace {
 
@@ -85,6 +89,185 @@ __global__ void __launch_bounds__(kThreads) post_pool_grad_multiplier_kernel(
   }
 }
 
+// ---- fast path: 2x2x2 windows tiling the whole input (D, H, W = 2*OD, 2*OH, 2*OW) -------------------------
+// Each thread loads 16 bytes per window row and produces VEC outputs (contiguous: VEC neighbours along W;
+// channels_last: VEC neighbouring channels). 32-bit index arithmetic when the tensor allows it, and no integer
+// division beyond two per thread. Same arithmetic and tap order as scan_window.
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename scalar_t>
+constexpr int vec_outputs() {
+  return sizeof(scalar_t) >= 8 ? 1 : 8 / static_cast<int>(sizeof(scalar_t));
+}
+
+template <typename scalar_t, typename acc_t>
+struct Best {
+  acc_t value;
+  scalar_t input;
+  uint8_t tap;
+  __device__ void init() {
+    value = -std::numeric_limits<acc_t>::infinity();
+    input = scalar_t(0);
+    tap = 0;
+  }
+  __device__ void take(scalar_t x, acc_t m, acc_t s1, acc_t s2, uint8_t t) {
+    const acc_t v = epilogue(static_cast<acc_t>(x), m, s1, s2);
+    const bool t_ = takes_max(v, value);
+    value = t_ ? v : value;
+    input = t_ ? x : input;
+    tap = t_ ? t : tap;
+  }
+};
+
+template <typename scalar_t, typename index_t, bool SAVE>
+__global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kernel(
+    const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
+    index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W, index_t plane, at::opmath_type<scalar_t> s1,
+    at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out, scalar_t* __restrict__ sel,
+    uint8_t* __restrict__ off) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int VEC = vec_outputs<scalar_t>();
+  using In = Pack<scalar_t, 2 * VEC>;
+  for (index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total;
+       p += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t row = p / OWv;               // (n, c, od, oh)
+    const index_t owv = p - row * OWv;
+    const index_t base = 2 * W * (row + OH * (row / OH)) + 2 * VEC * owv;  // (n, c, 2od, 2oh, 2*VEC*owv)
+    const acc_t m = static_cast<acc_t>(mflat[per_channel ? (row / ODOH) % C : 0]);
+    In r[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      r[q] = *reinterpret_cast<const In*>(x + base + (q >> 1) * plane + (q & 1) * W);
+    }
+    Pack<scalar_t, VEC> o, sv;
+    Pack<uint8_t, VEC> ov;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      Best<scalar_t, acc_t> b;
+      b.init();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        b.take(r[q].v[2 * j], m, s1, s2, static_cast<uint8_t>(2 * q));
+        b.take(r[q].v[2 * j + 1], m, s1, s2, static_cast<uint8_t>(2 * q + 1));
+      }
+      o.v[j] = static_cast<scalar_t>(b.value);
+      sv.v[j] = b.input;
+      ov.v[j] = b.tap;
+    }
+    *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+    if constexpr (SAVE) {
+      *reinterpret_cast<Pack<scalar_t, VEC>*>(sel + p * VEC) = sv;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) off[p * VEC + j] = ov.v[j];
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t, bool SAVE>
+__global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kernel(
+    const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
+    index_t Cv, index_t C, index_t OW, index_t OH, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2,
+    scalar_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int VEC = vec_outputs<scalar_t>() * 2;  // 16 bytes of channels per tap
+  using In = Pack<scalar_t, VEC>;
+  const index_t sw = C, sh = 2 * OW * C, sd = 4 * OH * OW * C;
+  for (index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total;
+       p += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t pos = p / Cv;                // (n, od, oh, ow)
+    const index_t c = (p - pos * Cv) * VEC;
+    const index_t b = pos / OW;                // (n, od, oh)
+    const index_t ow = pos - b * OW;
+    const index_t a = b / OH;                  // (n, od)
+    const index_t base = (4 * OW * (a * OH + b) + 2 * ow) * C + c;
+    acc_t m[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m[j] = static_cast<acc_t>(mflat[per_channel ? c + j : 0]);
+    Best<scalar_t, acc_t> best[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) best[j].init();
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const In r = *reinterpret_cast<const In*>(x + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) best[j].take(r.v[j], m[j], s1, s2, static_cast<uint8_t>(t));
+    }
+    Pack<scalar_t, VEC> o, sv;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      o.v[j] = static_cast<scalar_t>(best[j].value);
+      sv.v[j] = best[j].input;
+    }
+    *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+    if constexpr (SAVE) {
+      *reinterpret_cast<Pack<scalar_t, VEC>*>(sel + p * VEC) = sv;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) off[p * VEC + j] = best[j].tap;
+    }
+  }
+}
+
+// Launches the fast path if the geometry and alignment allow it; returns false otherwise.
+template <typename scalar_t, typename off_t, bool SAVE>
+bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const at::Tensor& sel, const at::Tensor& off,
+                           cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const PoolGeometry& g = f.g;
+  if constexpr (!std::is_same_v<off_t, uint8_t>) {
+    return false;
+  } else {
+    if (!(g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2 && g.D == 2 * g.OD && g.H == 2 * g.OH &&
+          g.W == 2 * g.OW)) {
+      return false;
+    }
+    const scalar_t* x = f.input.const_data_ptr<scalar_t>();
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out.const_data_ptr()) % 16 != 0 ||
+        (SAVE && reinterpret_cast<uintptr_t>(sel.const_data_ptr()) % 16 != 0)) {
+      return false;
+    }
+    const bool per_channel = f.multiplier.numel() != 1;
+    const scalar_t* m = f.multiplier.const_data_ptr<scalar_t>();
+    const acc_t s1 = static_cast<acc_t>(f.s1), s2 = static_cast<acc_t>(f.s2);
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
+    uint8_t* op = SAVE ? off.mutable_data_ptr<uint8_t>() : nullptr;
+    const bool small = g.input_numel() < (int64_t(1) << 31);
+    if (!g.channels_last) {
+      constexpr int VEC = vec_outputs<scalar_t>();
+      if (g.OW % VEC != 0) return false;
+      const int64_t total = g.output_numel() / VEC;
+      const dim3 grid(static_cast<unsigned>(num_blocks(total)));
+      auto go = [&](auto idx) {
+        using index_t = decltype(idx);
+        post_pool_forward_tiled2_ncdhw_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
+            x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.OW / VEC),
+            static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C),
+            static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      small ? go(int32_t{}) : go(int64_t{});
+    } else {
+      constexpr int VEC = vec_outputs<scalar_t>() * 2;
+      if (g.C % VEC != 0) return false;
+      const int64_t total = g.output_numel() / VEC;
+      const dim3 grid(static_cast<unsigned>(num_blocks(total)));
+      auto go = [&](auto idx) {
+        using index_t = decltype(idx);
+        post_pool_forward_tiled2_ndhwc_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
+            x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.C / VEC),
+            static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      small ? go(int32_t{}) : go(int64_t{});
+    }
+    return true;
+  }
+}
+
 // Exact tiling (2x2x2, stride 2, no padding): each input element lies in at most one window, so one thread per
 // output writes its whole window (the chosen tap's gradient, zeros elsewhere) and its multiplier contribution.
 // No index search per input element, and the writes of a warp are contiguous runs.
@@ -128,6 +311,7 @@ void launch_forward(const ForwardInputs& f, const at::Tensor& out, const at::Ten
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
   off_t* op = SAVE ? off.mutable_data_ptr<off_t>() : nullptr;
+  if (launch_forward_tiled2<scalar_t, off_t, SAVE>(f, out, sel, off, stream)) return;
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
   const dim3 grid(static_cast<unsigned>(num_blocks(g.output_numel())));
   if (g.channels_last) {
