@@ -79,6 +79,49 @@ def bench_case(shape, dtype, fmt, device, bw, use_compile, reps):
     return rows
 
 
+def bench_model(device, reps, use_compile=True):
+    """The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and training step."""
+    from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT, ConvTransposeLeakyMulLeakyPool
+
+    batch = DEFAULT_BATCH if device.type == "cuda" else 1
+    torch.manual_seed(0)
+    model = ConvTransposeLeakyMulLeakyPool().to(device)
+    x = torch.randn(batch, 16, *DEFAULT_INPUT, device=device)
+    xg = x.clone().requires_grad_()
+    rows = []
+    variants = [("eager", None)]
+    if use_compile:
+        variants += [("torch.compile, pass off", False), ("torch.compile, pass on", True)]
+    for name, use_pass in variants:
+        torch._dynamo.reset()
+        before = torch_fused_ops.matched_count()
+        with torch_fused_ops.fusion_enabled(bool(use_pass)):
+            fn = model if use_pass is None else torch.compile(model)
+            with torch.no_grad():
+                fwd = median_us(lambda: fn(x), device, reps=reps)
+
+            def step():
+                fn(xg).sum().backward()
+
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            else:
+                peak = float("nan")
+            train = median_us(step, device, reps=max(3, reps // 3))
+        matched = torch_fused_ops.matched_count() - before
+        rows.append(dict(what="Model", impl=name, shape=list(x.shape), forward_us=fwd, train_step_us=train,
+                         train_peak_MiB=peak, matched=matched))
+        print(f"  Model {name:24s} forward {fwd:9.1f} us  train step {train:9.1f} us  peak {peak:8.1f} MiB  "
+              f"matched {matched}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -88,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default="results")
+    ap.add_argument("--no-model", action="store_true", help="skip the whole-Model rows")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     shape = tuple(int(v) for v in (args.shape or ("16,32,32,64,64" if device.type == "cuda" else "2,32,32,64,64")).split(","))
@@ -101,12 +145,13 @@ def main(argv=None) -> int:
         for lay in args.layouts.split(","):
             fmt = torch.channels_last_3d if lay == "channels_last_3d" else torch.contiguous_format
             rows += bench_case(shape, _dtype(dt), fmt, device, bw, not args.no_compile, reps)
+    model_rows = [] if args.no_model else bench_model(device, reps, not args.no_compile)
     meta = dict(device=name, torch=torch.__version__, date=datetime.date.today().isoformat(),
                 copy_bandwidth_GBps=bw / 1e9, command="python -m torch_fused_ops.bench " + " ".join(argv or sys.argv[1:]))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"bench_{device.type}.json")
     with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(meta=meta, rows=rows, model_rows=model_rows), f, indent=1)
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, copy {meta['copy_bandwidth_GBps']:.0f} GB/s, "
           f"shape {list(shape)}\n")
     print("| pass | impl | dtype | layout | median us | floor us | % of floor |")
@@ -114,6 +159,13 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"| {r['what']} | {r['impl']} | {r['dtype']} | {r['layout']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
               f"{r['frac_of_floor']:.0%} |")
+    if model_rows:
+        print(f"\nWhole Model, input {model_rows[0]['shape']}, float32 (training step = forward + backward of .sum())\n")
+        print("| Model | forward us | train step us | train peak MiB | chains fused |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for r in model_rows:
+            print(f"| {r['impl']} | {r['forward_us']:.1f} | {r['train_step_us']:.1f} | {r['train_peak_MiB']:.0f} | "
+                  f"{r['matched']} |")
     print(f"\n(JSON: {path})")
     return 0
 
