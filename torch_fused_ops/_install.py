@@ -38,9 +38,7 @@ def enable() -> PostPoolFusionPass:
         _pass = current
         return current
     if _pass is None or _pass.previous is not current:
-        counts = (_pass.matched_count if _pass is not None else 0)
         _pass = PostPoolFusionPass(previous=current)
-        _pass.matched_count = counts
     inductor_config.pre_grad_custom_pass = _pass
     return _pass
 
@@ -68,8 +66,11 @@ def fusion_enabled(enabled: bool = True) -> Iterator[None]:
 
 
 def matched_count() -> int:
-    """Chains rewritten to fused.post_pool since import (all graphs, all compilations)."""
-    return _pass.matched_count if _pass is not None else 0
+    """Chains rewritten to fused.post_pool since import (all graphs, all compilations, every pass object).
+
+    Compilations served from Inductor's cache do not run the pass, so they do not count.
+    """
+    return PostPoolFusionPass.total_matched
 
 
 def the_pass() -> PostPoolFusionPass | None:

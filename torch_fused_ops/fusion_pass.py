@@ -44,6 +44,7 @@ _POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_m
 _POOL_SIGS: dict[Any, dict[str, Any]] = {
     F.max_pool3d: {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False},
     torch.max_pool3d: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},
+    aten.max_pool3d.default: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},  # torch.export
 }
 _ATEN_POOL_WITH_INDICES = aten.max_pool3d_with_indices.default
 
@@ -215,6 +216,8 @@ def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
 class PostPoolFusionPass(CustomGraphPass):
     """Pre-grad pass rewriting the epilogue chain to fused.post_pool; composes with a previously set pass."""
 
+    total_matched = 0  # matches by every instance since import: what torch_fused_ops.matched_count() reports
+
     def __init__(self, previous: Any = None):
         self.previous = previous
         self.matched_count = 0      # matches over the life of this pass object
@@ -223,6 +226,7 @@ class PostPoolFusionPass(CustomGraphPass):
     def __call__(self, graph: Graph) -> None:
         self.last_matched_count = rewrite(graph)
         self.matched_count += self.last_matched_count
+        PostPoolFusionPass.total_matched += self.last_matched_count
         if self.previous is not None:
             self.previous(graph)
 
