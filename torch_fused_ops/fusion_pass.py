@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import operator
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -213,6 +214,11 @@ def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
     return args, [*pool_nodes, y3, y2, y1], pool_nodes[0]
 
 
+# Match counters live outside the pass objects: some torch releases pickle the hook's value into Inductor's
+# cache key, and counters that change after every compilation would then make every lookup miss.
+_COUNTS: "weakref.WeakKeyDictionary[PostPoolFusionPass, list[int]]" = weakref.WeakKeyDictionary()
+
+
 class PostPoolFusionPass(CustomGraphPass):
     """Pre-grad pass rewriting the epilogue chain to fused.post_pool; composes with a previously set pass."""
 
@@ -220,15 +226,32 @@ class PostPoolFusionPass(CustomGraphPass):
 
     def __init__(self, previous: Any = None):
         self.previous = previous
-        self.matched_count = 0      # matches over the life of this pass object
-        self.last_matched_count = 0  # matches in the most recent graph
+
+    @property
+    def matched_count(self) -> int:
+        """Matches over the life of this pass object."""
+        return _COUNTS.get(self, [0, 0])[0]
+
+    @property
+    def last_matched_count(self) -> int:
+        """Matches in the most recent graph."""
+        return _COUNTS.get(self, [0, 0])[1]
 
     def __call__(self, graph: Graph) -> None:
-        self.last_matched_count = rewrite(graph)
-        self.matched_count += self.last_matched_count
-        PostPoolFusionPass.total_matched += self.last_matched_count
+        n = rewrite(graph)
+        counts = _COUNTS.setdefault(self, [0, 0])
+        counts[0] += n
+        counts[1] = n
+        PostPoolFusionPass.total_matched += n
         if self.previous is not None:
             self.previous(graph)
+
+    # What a pickle (or a cache key built from one) sees: what the pass does, not how often it ran.
+    def __getstate__(self) -> dict:
+        return {"previous": self.previous, "uuid": self.uuid()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.previous = state["previous"]
 
     def uuid(self) -> Any:
         # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
