@@ -55,34 +55,6 @@ void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, 
   });
 }
 
-// channels_last_3d, any dtype: one pooled position (n, od, oh, ow) per step, channels innermost.
-template <typename scalar_t, typename off_t>
-void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
-                                  double s2d) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
-  const Strides st = input_strides(g);
-  const int64_t positions = g.N * g.OD * g.OH * g.OW;
-  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
-    for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
-      for (int64_t c = 0; c < g.C; ++c) {
-        const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
-        const auto w = scan_window<0, 0, 0>(p.x + n * st.n + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
-        const int64_t i = pos * g.C + c;
-        p.out[i] = static_cast<scalar_t>(w.value);
-        if (p.sel != nullptr) {
-          p.sel[i] = w.input;
-          p.off[i] = static_cast<off_t>(w.offset);
-        }
-      }
-    }
-  });
-}
-
 // float/double, contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
 template <typename scalar_t, typename off_t>
 void forward_rows_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
@@ -154,6 +126,96 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
   });
 }
 
+// float16/bfloat16: the float SIMD kernels on float copies of the rows (or channel vectors) each step needs.
+// The kernels compute in float either way, so results equal the scalar path; the selected input converts
+// back exactly, the output is rounded once.
+template <typename scalar_t, typename off_t>
+void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
+  const Strides st = input_strides(g);
+  const int64_t rows = g.N * g.C * g.OD * g.OH;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(4 * g.W + 2 * g.OW);
+    float* in = buf.data();
+    float* outf = in + 4 * g.W;
+    float* self = outf + g.OW;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t oh = r % g.OH;
+      const int64_t od = (r / g.OH) % g.OD;
+      const int64_t nc = r / (g.OH * g.OD);
+      const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+      for (int q = 0; q < 4; ++q) {
+        const scalar_t* src = base + (q >> 1) * st.d + (q & 1) * st.h;
+        for (int64_t w = 0; w < g.W; ++w) in[q * g.W + w] = static_cast<float>(src[w]);
+      }
+      const int64_t o = r * g.OW;
+      uint8_t* off = nullptr;
+      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      simd::row_2x2x2(in, in + g.W, in + 2 * g.W, in + 3 * g.W, g.OW,
+                      static_cast<float>(p.m[(nc % g.C) * p.m_stride]), s1, s2, outf,
+                      p.sel == nullptr ? nullptr : self, off);
+      for (int64_t w = 0; w < g.OW; ++w) p.out[o + w] = static_cast<scalar_t>(outf[w]);
+      if (p.sel != nullptr) {
+        for (int64_t w = 0; w < g.OW; ++w) p.sel[o + w] = static_cast<scalar_t>(self[w]);
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename off_t>
+void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                double s2d) {
+  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
+  const Strides st = input_strides(g);
+  std::vector<float> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(p.m[c * p.m_stride]);
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(3 * g.C);
+    float* xf = buf.data();
+    float* outf = xf + g.C;
+    float* self = outf + g.C;
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+      const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
+      const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
+      const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+      const int64_t o = pos * g.C;
+      const bool save = p.sel != nullptr;
+      uint8_t* off8 = nullptr;
+      int32_t* off32 = nullptr;
+      if (save) {
+        if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
+      }
+      const off_t first = static_cast<off_t>((jd0 * g.kh + jh0) * g.kw + jw0);
+      for (int64_t c = 0; c < g.C; ++c) {
+        outf[c] = -std::numeric_limits<float>::infinity();
+        self[c] = 0.f;
+        if (save) p.off[o + c] = first;
+      }
+      const scalar_t* xn = p.x + n * st.n;
+      for (int64_t jd = jd0; jd < jd1; ++jd) {
+        for (int64_t jh = jh0; jh < jh1; ++jh) {
+          for (int64_t jw = jw0; jw < jw1; ++jw) {
+            const scalar_t* x = xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h + (w0 + jw * g.dw) * st.w;
+            for (int64_t c = 0; c < g.C; ++c) xf[c] = static_cast<float>(x[c]);
+            simd::channels_tap(xf, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), outf,
+                               save ? self : nullptr, off8, off32);
+          }
+        }
+      }
+      for (int64_t c = 0; c < g.C; ++c) p.out[o + c] = static_cast<scalar_t>(outf[c]);
+      if (save) {
+        for (int64_t c = 0; c < g.C; ++c) p.sel[o + c] = static_cast<scalar_t>(self[c]);
+      }
+    }
+  });
+}
+
 template <typename scalar_t, typename off_t>
 void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
   constexpr bool simd_dtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>;
@@ -162,11 +224,13 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
     if constexpr (simd_dtype) {
       forward_channels_last_simd(p, g, s1, s2);
     } else {
-      forward_channels_last_scalar(p, g, s1, s2);
+      forward_channels_last_lowp(p, g, s1, s2);
     }
   } else if (k2) {
     if constexpr (simd_dtype && std::is_same_v<off_t, uint8_t>) {
       forward_rows_2x2x2_simd(p, g, s1, s2);
+    } else if constexpr (std::is_same_v<off_t, uint8_t>) {
+      forward_rows_2x2x2_lowp(p, g, s1, s2);
     } else {
       forward_rows<2>(p, g, s1, s2);
     }
@@ -299,6 +363,72 @@ void backward_2x2x2_simd(const scalar_t* go, const scalar_t* sel, const uint8_t*
   });
 }
 
+// float16/bfloat16 version of backward_2x2x2_simd: float copies in, the float kernels, one rounding out.
+template <typename scalar_t>
+void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
+                         int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
+                         float* contrib) {
+  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
+  const Strides st = input_strides(g);
+  if (!g.channels_last) {
+    const int64_t rows = g.N * g.C * g.OD * g.OH;
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+      std::vector<float> buf(2 * g.OW + 4 * 2 * g.OW);
+      float* gof = buf.data();
+      float* self = gof + g.OW;
+      float* gif = self + g.OW;  // four rows of 2*OW
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t oh = r % g.OH;
+        const int64_t od = (r / g.OH) % g.OD;
+        const int64_t nc = r / (g.OH * g.OD);
+        const int64_t o = r * g.OW;
+        for (int64_t w = 0; w < g.OW; ++w) {
+          gof[w] = static_cast<float>(go[o + w]);
+          self[w] = static_cast<float>(sel[o + w]);
+        }
+        const int64_t L = 2 * g.OW;
+        simd::row_2x2x2_backward(gof, self, off + o, g.OW, static_cast<float>(mflat[(nc % g.C) * m_stride]), s1, s2,
+                                 gif, gif + L, gif + 2 * L, gif + 3 * L, contrib + o);
+        scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+        for (int q = 0; q < 4; ++q) {
+          scalar_t* dst = base + (q >> 1) * st.d + (q & 1) * st.h;
+          for (int64_t w = 0; w < L; ++w) dst[w] = static_cast<scalar_t>(gif[q * L + w]);
+        }
+      }
+    });
+    return;
+  }
+  std::vector<float> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(mflat[c * m_stride]);
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(11 * g.C);
+    float* gof = buf.data();
+    float* self = gof + g.C;
+    float* scratch = self + g.C;
+    float* taps = scratch + g.C;  // 8 taps of C
+    float* tapp[8];
+    for (int t = 0; t < 8; ++t) tapp[t] = taps + t * g.C;
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      const int64_t o = pos * g.C;
+      for (int64_t c = 0; c < g.C; ++c) {
+        gof[c] = static_cast<float>(go[o + c]);
+        self[c] = static_cast<float>(sel[o + c]);
+      }
+      simd::channels_2x2x2_backward(gof, self, off + o, m.data(), g.C, s1, s2, tapp, contrib + o, scratch);
+      scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
+      for (int t = 0; t < 8; ++t) {
+        scalar_t* dst = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
+        for (int64_t c = 0; c < g.C; ++c) dst[c] = static_cast<scalar_t>(tapp[t][c]);
+      }
+    }
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
     const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
@@ -327,6 +457,13 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
           if (k2) {
             if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
             backward_2x2x2_simd<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
+                                          std::get<4>(args), g, s1, s2, gi, ct);
+            return;
+          }
+        } else if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+          if (k2) {
+            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+            backward_2x2x2_lowp<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
                                           std::get<4>(args), g, s1, s2, gi, ct);
             return;
           }
