@@ -1,16 +1,26 @@
-"""Benchmark fused.post_pool against the eager composite and torch.compile of the composite.
+"""Benchmark fused.post_pool against the eager composite and torch.compile of the composite, and the whole Model.
 
-    python -m torch_fused_ops.bench [--device cuda|cpu] [--dtypes float32,bfloat16] [--shape N,C,D,H,W]
-                                    [--no-compile] [--out DIR]
+    python -m torch_fused_ops.bench [--device cuda|cpu] [--dtypes float32,bfloat16]
+                                    [--layouts contiguous,channels_last_3d] [--shapes "N,C,D,H,W;..."]
+                                    [--no-compile] [--no-model] [--reps N] [--out DIR]
 
-Each row: median time (device events on CUDA), the memory floor (bytes that must move / copy bandwidth
-measured in the same run) and the fraction of the floor reached. Prints a markdown table; writes JSON.
+1. The op alone, forward and backward, for each shape (a sweep from launch-bound to bandwidth-bound sizes),
+   dtype and layout: eager composite, torch.compile of the composite (with our pass off), fused.post_pool.
+2. The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and a training step
+   (forward + backward), with the training step's peak memory on CUDA.
+3. For every row the memory floor (bytes that must move / bandwidth of a device copy measured in this run) and
+   the fraction of it reached.
+
+Inputs rotate among several copies when one copy would fit in the cache, so small sizes are not timed out of
+L2. Progress goes to stderr; results to stdout as markdown, and to DIR as JSON and (with matplotlib) a PNG of
+time vs size with the floor drawn.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 
@@ -21,68 +31,96 @@ from torch_fused_ops._timing import copy_bandwidth, median_us
 from torch_fused_ops.ops import reference_post_pool
 
 SLOPE = 0.2
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DEFAULT_SHAPES = {
+    "cuda": "1,32,8,16,16;2,32,16,32,32;4,32,32,64,64;16,32,32,64,64",
+    "cpu": "1,8,8,16,16;1,32,16,32,32;2,32,32,64,64",
+}
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-            "float64": torch.float64}[name]
+def _cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return 64 << 20  # a generous last-level cache
 
 
-def bench_case(shape, dtype, fmt, device, bw, use_compile, reps):
+def _copies(nbytes: int, device: torch.device) -> int:
+    """How many input sets to rotate through so that together they are at least twice the cache."""
+    return max(1, min(8, math.ceil(2 * _cache_bytes(device) / max(nbytes, 1))))
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     torch.manual_seed(0)
     N, C, D, H, W = shape
-    x = torch.randn(shape, device=device, dtype=dtype).contiguous(memory_format=fmt)
-    m = torch.randn(C, 1, 1, 1, device=device, dtype=dtype)
-    es = x.element_size()
+    es = torch.empty((), dtype=dtype).element_size()
+    in_numel = N * C * D * H * W
     out_numel = N * C * (D // 2) * (H // 2) * (W // 2)
-    fwd_bytes = x.numel() * es + out_numel * es
-    # Training: forward also writes selected value + 1-byte offset; backward reads grad, selected, offsets and
-    # writes the full-resolution grad_input.
-    train_fwd_bytes = x.numel() * es + out_numel * (2 * es + 1)
-    bwd_bytes = out_numel * (2 * es + 1) + x.numel() * es
+    k = _copies(in_numel * es, device)
+    xs = [torch.randn(shape, device=device, dtype=dtype).contiguous(memory_format=fmt) for _ in range(k)]
+    m = torch.randn(C, 1, 1, 1, device=device, dtype=dtype)
+    g = torch.randn(N, C, D // 2, H // 2, W // 2, device=device, dtype=dtype)
+    floors = {
+        "forward": in_numel * es + out_numel * es,
+        # backward: grad_output, selected value and one-byte offset read; full-resolution grad_input written
+        "backward": out_numel * (2 * es + 1) + in_numel * es,
+    }
+    layout = "channels_last_3d" if fmt == torch.channels_last_3d else "contiguous"
     rows = []
 
-    def row(what, impl, us, nbytes):
-        floor = nbytes / bw * 1e6
-        rows.append(dict(what=what, impl=impl, dtype=str(dtype).replace("torch.", ""),
-                         layout="channels_last_3d" if fmt == torch.channels_last_3d else "contiguous",
-                         shape=list(shape), us=us, floor_us=floor, frac_of_floor=floor / us))
-        print(f"  {what:9s} {impl:14s} {rows[-1]['dtype']:9s} {rows[-1]['layout']:17s} {us:10.1f} us"
-              f"  floor {floor:8.1f} us  ({floor / us:5.1%})", file=sys.stderr, flush=True)
+    def row(what, impl, us):
+        floor = floors[what] / bw * 1e6
+        rows.append(dict(what=what, impl=impl, dtype=str(dtype).replace("torch.", ""), layout=layout,
+                         shape=list(shape), input_MB=in_numel * es / 1e6, us=us, floor_us=floor,
+                         frac_of_floor=floor / us, rotating_copies=k))
+        _log(f"  {what:8s} {impl:13s} {rows[-1]['dtype']:8s} {layout:16s} {str(list(shape)):22s} {us:10.1f} us"
+             f"  floor {floor:8.1f} us ({floor / us:5.1%})")
 
-    with torch.no_grad():
-        row("forward", "eager", median_us(lambda: reference_post_pool(x, m, SLOPE, 2), device, reps=reps), fwd_bytes)
-        if use_compile:
-            # torch.compile of the composite *without* our pass (with it, the composite would become our op).
-            torch._dynamo.reset()
-            with torch_fused_ops.fusion_enabled(False):
-                comp = torch.compile(reference_post_pool)
-                row("forward", "torch.compile", median_us(lambda: comp(x, m, SLOPE, 2), device, reps=reps),
-                    fwd_bytes)
-        row("forward", "fused", median_us(lambda: torch_fused_ops.post_pool(x, m, SLOPE, 2), device, reps=reps),
-            fwd_bytes)
+    def rotating(fn):
+        state = {"i": 0}
 
-    # Training step of the op alone: forward that keeps what backward needs, then backward.
-    xg = x.detach().requires_grad_()
-    mg = m.detach().requires_grad_()
-    g = torch.randn(N, C, D // 2, H // 2, W // 2, device=device, dtype=dtype)
+        def call():
+            state["i"] += 1
+            return fn(state["i"] % k)
+        return call
 
-    def train(fn):
-        def step():
-            out = fn(xg, mg, SLOPE, 2)
-            torch.autograd.grad(out, (xg, mg), g)
-        return step
-
-    row("fwd+bwd", "eager", median_us(train(reference_post_pool), device, reps=reps),
-        train_fwd_bytes + bwd_bytes)
+    impls = [("eager", reference_post_pool)]
     if use_compile:
         torch._dynamo.reset()
-        with torch_fused_ops.fusion_enabled(False):
-            comp_t = torch.compile(reference_post_pool)
-            row("fwd+bwd", "torch.compile", median_us(train(comp_t), device, reps=reps),
-                train_fwd_bytes + bwd_bytes)
-    row("fwd+bwd", "fused", median_us(train(torch_fused_ops.post_pool), device, reps=reps),
-        train_fwd_bytes + bwd_bytes)
+        impls.append(("torch.compile", torch.compile(reference_post_pool)))
+    impls.append(("fused", torch_fused_ops.post_pool))
+
+    with torch.no_grad():
+        for name, fn in impls:
+            row("forward", name, median_us(rotating(lambda i, fn=fn: fn(xs[i], m, SLOPE, 2)), device, reps=reps))
+
+    # Backward alone: graphs built once, replayed with retain_graph; ours calls the backward op directly.
+    kb = 1 if in_numel * es > _cache_bytes(device) else k
+    for name, fn in impls:
+        if name == "fused":
+            saved = [torch.ops.fused.post_pool_with_offsets(xs[i], m, SLOPE, [2, 2, 2]) for i in range(kb)]
+            cl = fmt == torch.channels_last_3d
+
+            def bwd(i, saved=saved, cl=cl):
+                _, sel, off = saved[i % kb]
+                return torch.ops.fused.post_pool_backward(g, sel, off, m, SLOPE, None, list(shape), [2, 2, 2],
+                                                          [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)
+        else:
+            graphs = []
+            for i in range(kb):
+                xg = xs[i].detach().requires_grad_()
+                mg = m.detach().requires_grad_()
+                graphs.append((fn(xg, mg, SLOPE, 2), xg, mg))
+
+            def bwd(i, graphs=graphs):
+                out, xg, mg = graphs[i % kb]
+                return torch.autograd.grad(out, (xg, mg), g, retain_graph=True)
+        row("backward", name, median_us(rotating(bwd), device, reps=reps))
+        if name != "fused":
+            del graphs
     return rows
 
 
@@ -124,9 +162,46 @@ def bench_model(device, reps, use_compile=True):
         matched = torch_fused_ops.matched_count() - before
         rows.append(dict(what="Model", impl=name, shape=list(x.shape), forward_us=fwd, train_step_us=train,
                          train_peak_MiB=peak, matched=matched))
-        print(f"  Model {name:24s} forward {fwd:9.1f} us  train step {train:9.1f} us  peak {peak:8.1f} MiB  "
-              f"matched {matched}", file=sys.stderr, flush=True)
+        _log(f"  Model {name:24s} forward {fwd:9.1f} us  train step {train:9.1f} us  peak {peak:8.1f} MiB  "
+             f"matched {matched}")
     return rows
+
+
+def plot(rows, path) -> str | None:
+    """Time vs input size per pass and dtype, with the floor; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    passes = sorted({r["what"] for r in rows}, key=["forward", "backward"].index)
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(len(passes), len(dtypes), figsize=(5.5 * len(dtypes), 4 * len(passes)), squeeze=False)
+    for i, what in enumerate(passes):
+        for j, dt in enumerate(dtypes):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["what"] == what and r["dtype"] == dt]
+            for impl in ("eager", "torch.compile", "fused"):
+                for layout, style in (("contiguous", "-o"), ("channels_last_3d", "--s")):
+                    pts = sorted((r["input_MB"], r["us"]) for r in sel if r["impl"] == impl and r["layout"] == layout)
+                    if pts:
+                        ax.plot(*zip(*pts), style, label=f"{impl} ({layout})", markersize=4)
+            floor = sorted({(r["input_MB"], r["floor_us"]) for r in sel})
+            if floor:
+                ax.plot(*zip(*floor), "k:", label="memory floor", linewidth=2)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("input size (MB)")
+            ax.set_ylabel("median time (us)")
+            ax.set_title(f"fused.post_pool {what}, {dt}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
@@ -134,38 +209,43 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--layouts", default="contiguous,channels_last_3d")
-    ap.add_argument("--shape", default=None, help="default 16,32,32,64,64 on GPU, 2,32,32,64,64 on CPU")
+    ap.add_argument("--shapes", default=None, help='";"-separated N,C,D,H,W (default: a sweep per device)')
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    ap.add_argument("--no-model", action="store_true", help="skip the whole-Model rows")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--out", default="results")
-    ap.add_argument("--no-model", action="store_true", help="skip the whole-Model rows")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    shape = tuple(int(v) for v in (args.shape or ("16,32,32,64,64" if device.type == "cuda" else "2,32,32,64,64")).split(","))
+    shapes = [tuple(int(v) for v in s.split(",")) for s in (args.shapes or DEFAULT_SHAPES[device.type]).split(";")]
     reps = args.reps or (50 if device.type == "cuda" else 5)
     bw = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"# device {name}, torch {torch.__version__}, copy bandwidth {bw / 1e9:.0f} GB/s (read+write)",
-          file=sys.stderr)
+    _log(f"# device {name}, torch {torch.__version__}, copy bandwidth {bw / 1e9:.0f} GB/s (read+write)")
     rows = []
-    for dt in args.dtypes.split(","):
-        for lay in args.layouts.split(","):
-            fmt = torch.channels_last_3d if lay == "channels_last_3d" else torch.contiguous_format
-            rows += bench_case(shape, _dtype(dt), fmt, device, bw, not args.no_compile, reps)
+    for shape in shapes:
+        for dt in args.dtypes.split(","):
+            for lay in args.layouts.split(","):
+                fmt = torch.channels_last_3d if lay == "channels_last_3d" else torch.contiguous_format
+                # Pass off throughout: "torch.compile" must mean the composite as Inductor compiles it alone,
+                # also when a later call (other requires_grad flags) triggers a recompile.
+                with torch_fused_ops.fusion_enabled(False):
+                    rows += bench_op(shape, DTYPES[dt], fmt, device, bw, not args.no_compile, reps)
     model_rows = [] if args.no_model else bench_model(device, reps, not args.no_compile)
     meta = dict(device=name, torch=torch.__version__, date=datetime.date.today().isoformat(),
-                copy_bandwidth_GBps=bw / 1e9, command="python -m torch_fused_ops.bench " + " ".join(argv or sys.argv[1:]))
+                copy_bandwidth_GBps=bw / 1e9,
+                command="python -m torch_fused_ops.bench " + " ".join(sys.argv[1:] if argv is None else argv))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"bench_{device.type}.json")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows, model_rows=model_rows), f, indent=1)
-    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, copy {meta['copy_bandwidth_GBps']:.0f} GB/s, "
-          f"shape {list(shape)}\n")
-    print("| pass | impl | dtype | layout | median us | floor us | % of floor |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: |")
+    png = plot(rows, os.path.join(args.out, f"bench_{device.type}.png"))
+
+    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, copy {meta['copy_bandwidth_GBps']:.0f} GB/s\n")
+    print("| pass | impl | dtype | layout | shape | median us | floor us | % of floor |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['what']} | {r['impl']} | {r['dtype']} | {r['layout']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
-              f"{r['frac_of_floor']:.0%} |")
+        print(f"| {r['what']} | {r['impl']} | {r['dtype']} | {r['layout']} | {r['shape']} | {r['us']:.1f} | "
+              f"{r['floor_us']:.1f} | {r['frac_of_floor']:.0%} |")
     if model_rows:
         print(f"\nWhole Model, input {model_rows[0]['shape']}, float32 (training step = forward + backward of .sum())\n")
         print("| Model | forward us | train step us | train peak MiB | chains fused |")
@@ -173,7 +253,7 @@ def main(argv=None) -> int:
         for r in model_rows:
             print(f"| {r['impl']} | {r['forward_us']:.1f} | {r['train_step_us']:.1f} | {r['train_peak_MiB']:.0f} | "
                   f"{r['matched']} |")
-    print(f"\n(JSON: {path})")
+    print(f"\n(JSON: {path}; plot: {png or 'not drawn, matplotlib is not installed'})")
     return 0
 
 
