@@ -30,4 +30,24 @@ TORCH_LIBRARY(fused, m) {
       "float negative_slope, float? negative_slope2, SymInt[5] input_size, int[3] kernel_size, int[3] stride, "
       "int[3] padding, int[3] dilation, bool channels_last) -> (Tensor grad_input, Tensor grad_multiplier)",
       {at::Tag::pt2_compliant_tag});
+  // post_pool of input + bias (per channel, 1-D of C): lets a convolution's bias ride in the fused op, since
+  // Inductor peels conv biases off into a separate full-resolution add on CUDA.
+  m.def(
+      "post_pool_bias(Tensor input, Tensor bias, Tensor multiplier, float negative_slope, int[3] kernel_size, "
+      "int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, float? negative_slope2=None) "
+      "-> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Its training forward: as post_pool_with_offsets (selected holds the raw input, before the bias).
+  m.def(
+      "post_pool_bias_with_offsets(Tensor input, Tensor bias, Tensor multiplier, float negative_slope, "
+      "int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False, "
+      "float? negative_slope2=None) -> (Tensor out, Tensor selected, Tensor offsets)",
+      {at::Tag::pt2_compliant_tag});
+  // Gradients of input, bias and multiplier.
+  m.def(
+      "post_pool_bias_backward(Tensor grad_output, Tensor selected, Tensor offsets, Tensor bias, Tensor multiplier, "
+      "float negative_slope, float? negative_slope2, SymInt[5] input_size, int[3] kernel_size, int[3] stride, "
+      "int[3] padding, int[3] dilation, bool channels_last) "
+      "-> (Tensor grad_input, Tensor grad_bias, Tensor grad_multiplier)",
+      {at::Tag::pt2_compliant_tag});
 }

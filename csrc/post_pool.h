@@ -72,12 +72,17 @@ struct ForwardInputs {
   at::MemoryFormat format;
   at::Tensor input;
   at::Tensor multiplier;
+  at::Tensor bias;  // undefined unless the op is a post_pool_bias one; else C contiguous elements
   double s1, s2;
 };
 ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
                               at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
                               at::IntArrayRef dilation, bool ceil_mode, double negative_slope,
-                              std::optional<double> negative_slope2);
+                              std::optional<double> negative_slope2,
+                              const std::optional<at::Tensor>& bias = std::nullopt);
+
+// The per-channel bias of the post_pool_bias ops: 1-D with C elements, the input's dtype and device.
+void check_bias(const char* op, const at::Tensor& bias, int64_t C, at::ScalarType dtype, at::Device device);
 
 // d(loss)/d(multiplier) in the multiplier's shape and dtype from per-output contributions.
 at::Tensor reduce_grad_multiplier(const at::Tensor& contrib, const at::Tensor& multiplier);
@@ -90,6 +95,13 @@ C10_HOST_DEVICE inline acc_t leaky(acc_t v, acc_t slope) {
   // Both sides computed, then a select: a branch on the sign of random data mispredicts half the time.
   const acc_t scaled = v * slope;
   return v > acc_t(0) ? v : scaled;
+}
+
+// The value the first LeakyReLU sees: the input, plus the per-channel bias for the post_pool_bias ops. The add
+// is skipped (not "+ 0") without a bias, since -0 + 0 would turn -0 into +0.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t pre_activation(acc_t x, acc_t b, bool has_bias) {
+  return has_bias ? x + b : x;
 }
 
 template <typename acc_t>
@@ -155,7 +167,7 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
     int64_t sD, int64_t sH, int64_t sW,
     int64_t od, int64_t oh, int64_t ow,
     const PoolGeometry& g,
-    acc_t m, acc_t s1, acc_t s2) {
+    acc_t m, acc_t s1, acc_t s2, acc_t b = acc_t(0), bool has_bias = false) {
   WindowMax<scalar_t, acc_t> r;
   r.value = -std::numeric_limits<acc_t>::infinity();
   r.input = scalar_t(0);
@@ -169,7 +181,7 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
 #pragma unroll
         for (int jw = 0; jw < KW; ++jw) {
           const scalar_t xv = p[jd * sD + jh * sH + jw * sW];
-          const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
+          const acc_t v = epilogue(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
           // Selects, not a branch: on random data the branch mispredicts about half the time.
           const bool take = takes_max(v, r.value);
           r.value = take ? v : r.value;
@@ -191,7 +203,7 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
         const scalar_t* ph_ = pd_ + (h0 + jh * g.dh) * sH;
         for (int64_t jw = jw0; jw < jw1; ++jw) {
           const scalar_t xv = ph_[(w0 + jw * g.dw) * sW];
-          const acc_t v = epilogue(static_cast<acc_t>(xv), m, s1, s2);
+          const acc_t v = epilogue(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
           const bool take = takes_max(v, r.value);
           r.value = take ? v : r.value;
           r.input = take ? xv : r.input;
@@ -268,7 +280,7 @@ C10_HOST_DEVICE inline acc_t gather_grad(
     const off_t* __restrict__ offsets,
     const PoolGeometry& g,
     int64_t n, int64_t c, int64_t d, int64_t h, int64_t w,
-    acc_t m, acc_t s1, acc_t s2) {
+    acc_t m, acc_t s1, acc_t s2, acc_t b = acc_t(0), bool has_bias = false) {
   acc_t sum = acc_t(0);
   acc_t xsel = acc_t(0);
   bool hit = false;
@@ -310,7 +322,7 @@ C10_HOST_DEVICE inline acc_t gather_grad(
       }
     }
   }
-  return hit ? grad_input_of(sum, xsel, m, s1, s2) : acc_t(0);
+  return hit ? grad_input_of(sum, pre_activation(xsel, b, has_bias), m, s1, s2) : acc_t(0);
 }
 
 // True when the tap recorded for an output lies inside the input (it does not for windows that are all padding,

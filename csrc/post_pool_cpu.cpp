@@ -1,4 +1,6 @@
-// CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward.
+// CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward, and of their post_pool_bias
+// variants (a per-channel bias added before the first LeakyReLU; scalar paths only, as Inductor keeps conv
+// biases inside the convolution on CPU and so rarely routes here).
 #include "post_pool.h"
 #include "post_pool_cpu_simd.h"
 
@@ -25,6 +27,7 @@ struct ForwardPtrs {
   scalar_t* out;
   scalar_t* sel;     // nullptr for inference
   off_t* off;        // nullptr for inference
+  const scalar_t* bias = nullptr;  // post_pool_bias ops only
 };
 
 // One output at a time, any window; NCDHW. Rows of outputs (n, c, od, oh) are the parallel unit, so index
@@ -41,14 +44,45 @@ void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, 
       const int64_t od = (r / g.OH) % g.OD;
       const int64_t nc = r / (g.OH * g.OD);
       const acc_t m = static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]);
+      const acc_t b = p.bias == nullptr ? acc_t(0) : static_cast<acc_t>(p.bias[nc % g.C]);
       const scalar_t* plane = p.x + nc * st.c;
       const int64_t obase = r * g.OW;
       for (int64_t ow = 0; ow < g.OW; ++ow) {
-        const auto w = scan_window<K, K, K>(plane, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+        const auto w = scan_window<K, K, K>(plane, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b, p.bias != nullptr);
         p.out[obase + ow] = static_cast<scalar_t>(w.value);
         if (p.sel != nullptr) {
           p.sel[obase + ow] = w.input;
           p.off[obase + ow] = static_cast<off_t>(w.offset);
+        }
+      }
+    }
+  });
+}
+
+// channels_last_3d, any dtype, with or without bias: one pooled position (n, od, oh, ow) per step.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                  double s2d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
+  const Strides st = input_strides(g);
+  const int64_t positions = g.N * g.OD * g.OH * g.OW;
+  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int64_t ow = pos % g.OW;
+      const int64_t oh = (pos / g.OW) % g.OH;
+      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
+      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      for (int64_t c = 0; c < g.C; ++c) {
+        const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
+        const acc_t b = p.bias == nullptr ? acc_t(0) : static_cast<acc_t>(p.bias[c]);
+        const auto w = scan_window<0, 0, 0>(p.x + n * st.n + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b,
+                                            p.bias != nullptr);
+        const int64_t i = pos * g.C + c;
+        p.out[i] = static_cast<scalar_t>(w.value);
+        if (p.sel != nullptr) {
+          p.sel[i] = w.input;
+          p.off[i] = static_cast<off_t>(w.offset);
         }
       }
     }
@@ -220,6 +254,16 @@ template <typename scalar_t, typename off_t>
 void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
   constexpr bool simd_dtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>;
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
+  if (p.bias != nullptr) {
+    if (g.channels_last) {
+      forward_channels_last_scalar(p, g, s1, s2);
+    } else if (k2) {
+      forward_rows<2>(p, g, s1, s2);
+    } else {
+      forward_rows<0>(p, g, s1, s2);
+    }
+    return;
+  }
   if (g.channels_last) {
     if constexpr (simd_dtype) {
       forward_channels_last_simd(p, g, s1, s2);
@@ -243,10 +287,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool 
                                                            const at::Tensor& multiplier, double negative_slope,
                                                            at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                            at::IntArrayRef padding, at::IntArrayRef dilation,
-                                                           bool ceil_mode, std::optional<double> negative_slope2) {
+                                                           bool ceil_mode, std::optional<double> negative_slope2,
+                                                           const std::optional<at::Tensor>& bias = std::nullopt) {
   // The shared checks first: they name a device mismatch between input and multiplier.
   const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
-                                          negative_slope, negative_slope2);
+                                          negative_slope, negative_slope2, bias);
   TORCH_CHECK_VALUE(input.device().is_cpu(), op, ": CPU kernel called with input on device ", input.device());
   const PoolGeometry& g = f.g;
   const auto opts = input.options().memory_format(f.format);
@@ -262,7 +307,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool 
       using off_t = std::remove_pointer_t<decltype(off_ptr)>;
       ForwardPtrs<scalar_t, off_t> p{f.input.const_data_ptr<scalar_t>(), f.multiplier.const_data_ptr<scalar_t>(),
                                      f.multiplier.numel() == 1 ? 0 : 1, out.mutable_data_ptr<scalar_t>(),
-                                     save ? sel.mutable_data_ptr<scalar_t>() : nullptr, off_ptr};
+                                     save ? sel.mutable_data_ptr<scalar_t>() : nullptr, off_ptr,
+                                     f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr};
       forward_dispatch(p, g, f.s1, f.s2);
     };
     if (!save) {
@@ -291,21 +337,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_with_offsets_cpu(
                      padding, dilation, ceil_mode, negative_slope2);
 }
 
+at::Tensor post_pool_bias_cpu(const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier,
+                              double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                              at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                              std::optional<double> negative_slope2) {
+  return std::get<0>(forward_cpu("fused::post_pool_bias", false, input, multiplier, negative_slope, kernel_size,
+                                 stride, padding, dilation, ceil_mode, negative_slope2, bias));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_with_offsets_cpu(
+    const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier, double negative_slope,
+    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    bool ceil_mode, std::optional<double> negative_slope2) {
+  return forward_cpu("fused::post_pool_bias_with_offsets", true, input, multiplier, negative_slope, kernel_size,
+                     stride, padding, dilation, ceil_mode, negative_slope2, bias);
+}
+
 // ---- backward -----------------------------------------------------------------------------------------------
 
 template <bool CL, int K, typename scalar_t, typename off_t>
 void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off, const scalar_t* mflat,
                       int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
-                      at::opmath_type<scalar_t>* contrib) {
+                      at::opmath_type<scalar_t>* contrib, const scalar_t* bias = nullptr,
+                      at::opmath_type<scalar_t>* contrib_bias = nullptr) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
+  const bool has_bias = bias != nullptr;
   // Every input element is written exactly once (a gather), so no zero-fill and no write races.
   at::parallel_for(0, g.input_numel(), kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       int64_t n, c, d, h, w;
       input_coords<CL>(i, g, n, c, d, h, w);
       const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-      gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2));
+      const acc_t b = has_bias ? static_cast<acc_t>(bias[c]) : acc_t(0);
+      gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2, b, has_bias));
     }
   });
   at::parallel_for(0, g.output_numel(), kGrain, [&](int64_t begin, int64_t end) {
@@ -313,9 +378,12 @@ void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off,
       int64_t n, c, od, oh, ow;
       output_coords<CL>(i, g, n, c, od, oh, ow);
       const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-      contrib[i] = tap_in_bounds(g, od, oh, ow, static_cast<int64_t>(off[i]))
-                       ? grad_multiplier_of(static_cast<acc_t>(go[i]), static_cast<acc_t>(sel[i]), m, s1, s2)
-                       : acc_t(0);
+      const bool valid = tap_in_bounds(g, od, oh, ow, static_cast<int64_t>(off[i]));
+      const acc_t x = pre_activation(static_cast<acc_t>(sel[i]), has_bias ? static_cast<acc_t>(bias[c]) : acc_t(0),
+                                     has_bias);
+      const acc_t gs = acc_t(0) + static_cast<acc_t>(go[i]);
+      contrib[i] = valid ? grad_multiplier_of(gs, x, m, s1, s2) : acc_t(0);
+      if (has_bias) contrib_bias[i] = valid ? grad_input_of(gs, x, m, s1, s2) : acc_t(0);
     }
   });
 }
@@ -429,21 +497,26 @@ void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t*
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
-    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool channels_last) {
+// Shared by post_pool_backward and post_pool_bias_backward; grad_bias is undefined without a bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
+    const char* op, const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor* bias, const at::Tensor& multiplier, double negative_slope,
+    std::optional<double> negative_slope2, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
   const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
                                                        kernel_size, stride, padding, dilation, channels_last);
+  if (bias != nullptr) check_bias(op, *bias, g.C, grad_output.scalar_type(), grad_output.device());
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
   const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
-  at::Tensor contrib = at::empty(grad_output.sizes(), grad_output.options().dtype(acc_dtype).memory_format(fmt));
+  const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
+  at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
+  at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
   if (!g.empty()) {
     const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
     const at::Tensor mflat = flat_multiplier(multiplier);
+    const at::Tensor bflat = bias != nullptr ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cpu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       auto run = [&](const auto* off_ptr) {
@@ -451,28 +524,34 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
                                           mflat.const_data_ptr<scalar_t>(), mflat.numel() == 1 ? int64_t(0) : int64_t(1));
         auto* gi = grad_input.mutable_data_ptr<scalar_t>();
         auto* ct = contrib.mutable_data_ptr<acc_t>();
+        const scalar_t* bp = bflat.defined() ? bflat.const_data_ptr<scalar_t>() : nullptr;
+        acc_t* cb = contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr;
         const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-        if constexpr ((std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) &&
-                      std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-          if (k2) {
-            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-            backward_2x2x2_simd<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
-                                          std::get<4>(args), g, s1, s2, gi, ct);
-            return;
-          }
-        } else if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-          if (k2) {
-            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-            backward_2x2x2_lowp<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
-                                          std::get<4>(args), g, s1, s2, gi, ct);
-            return;
+        if (bp == nullptr) {
+          if constexpr ((std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) &&
+                        std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+            if (k2) {
+              if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+              backward_2x2x2_simd<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
+                                            std::get<4>(args), g, s1, s2, gi, ct);
+              return;
+            }
+          } else if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+            if (k2) {
+              if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+              backward_2x2x2_lowp<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
+                                            std::get<4>(args), g, s1, s2, gi, ct);
+              return;
+            }
           }
         }
         std::apply([&](auto... a) {
           if (channels_last) {
-            k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct) : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct);
+            k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+               : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct, bp, cb);
           } else {
-            k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct) : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct);
+            k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+               : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct, bp, cb);
           }
         }, args);
       };
@@ -482,8 +561,32 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
         run(off.const_data_ptr<int32_t>());
       }
     });
+  } else if (contrib_bias.defined()) {
+    contrib_bias.zero_();
   }
-  return {grad_input, reduce_grad_multiplier(contrib, multiplier)};
+  at::Tensor grad_bias = bias != nullptr ? reduce_grad_multiplier(contrib_bias, *bias) : at::Tensor();
+  return {grad_input, grad_bias, reduce_grad_multiplier(contrib, multiplier)};
+}
+
+std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  auto r = backward_cpu("fused::post_pool_backward", grad_output, selected, offsets, nullptr, multiplier,
+                        negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
+                        channels_last);
+  return {std::get<0>(r), std::get<2>(r)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets, const at::Tensor& bias,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  return backward_cpu("fused::post_pool_bias_backward", grad_output, selected, offsets, &bias, multiplier,
+                      negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
+                      channels_last);
 }
 
 }  // namespace
@@ -493,4 +596,7 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("post_pool", &fused::post_pool_cpu);
   m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_cpu);
   m.impl("post_pool_backward", &fused::post_pool_backward_cpu);
+  m.impl("post_pool_bias", &fused::post_pool_bias_cpu);
+  m.impl("post_pool_bias_with_offsets", &fused::post_pool_bias_with_offsets_cpu);
+  m.impl("post_pool_bias_backward", &fused::post_pool_bias_backward_cpu);
 }

@@ -172,12 +172,25 @@ PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const 
   return g;
 }
 
+void check_bias(const char* op, const at::Tensor& bias, int64_t C, at::ScalarType dtype, at::Device device) {
+  TORCH_CHECK_TYPE(bias.scalar_type() == dtype, op, ": bias dtype must equal input dtype, got bias ",
+                   bias.scalar_type(), " and input ", dtype);
+  TORCH_CHECK_VALUE(bias.device() == device, op, ": bias must be on the input's device, got bias on ",
+                    bias.device(), " and input on ", device);
+  TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == C, op, ": bias must be 1-D with C=", C,
+                    " elements, got shape ", shape_str(bias.sizes()));
+}
+
 ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
                              at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
                              at::IntArrayRef dilation, bool ceil_mode, double negative_slope,
-                             std::optional<double> negative_slope2) {
+                             std::optional<double> negative_slope2, const std::optional<at::Tensor>& bias) {
   ForwardInputs f;
   f.g = check_post_pool_args(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode);
+  if (bias.has_value()) {
+    check_bias(op, *bias, f.g.C, input.scalar_type(), input.device());
+    f.bias = bias->contiguous();
+  }
   f.format = f.g.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   // Contiguous and channels_last_3d inputs are used in place; anything else is copied into the output's format.
   f.input = input.contiguous(f.format);

@@ -114,3 +114,13 @@ def offset_dtype(kernel_size) -> torch.dtype:
     """One byte per window offset unless the window has more than 256 taps."""
     k = expand3("kernel_size", kernel_size)
     return torch.uint8 if k[0] * k[1] * k[2] <= 256 else torch.int32
+
+
+def check_bias(op: str, bias: torch.Tensor, C, dtype: torch.dtype, device: torch.device) -> None:
+    """The per-channel bias of the post_pool_bias ops (mirrors check_bias in csrc/post_pool_host.cpp)."""
+    if bias.dtype != dtype:
+        raise TypeError(f"{op}: bias dtype must equal input dtype, got bias {bias.dtype} and input {dtype}")
+    if bias.device != device:
+        raise ValueError(f"{op}: bias must be on the input's device, got bias on {bias.device} and input on {device}")
+    if bias.dim() != 1 or bias.shape[0] != C:
+        raise ValueError(f"{op}: bias must be 1-D with C={C} elements, got shape {list(bias.shape)}")

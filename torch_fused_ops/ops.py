@@ -4,6 +4,8 @@ Ops (schemas in csrc/ops.cpp):
   fused::post_pool               inference forward
   fused::post_pool_with_offsets  training forward: also the selected input value and window offset per output
   fused::post_pool_backward      gradients of input and multiplier from those pooled-size tensors
+  fused::post_pool_bias*         the same three with a per-channel bias added to the input first (the Inductor
+                                 pass can fold a convolution's bias into them)
 
 Autograd: post_pool_with_offsets has a registered backward (post_pool_backward). post_pool's Autograd kernel
 routes calls that need gradients to post_pool_with_offsets, so training keeps only pooled-size tensors alive
@@ -117,6 +119,34 @@ def _post_pool_backward_fake(grad_output, selected, offsets, multiplier, negativ
     return grad_input, grad_multiplier
 
 
+@torch.library.register_fake("fused::post_pool_bias")
+def _post_pool_bias_fake(input, bias, multiplier, negative_slope, kernel_size, stride=(), padding=0, dilation=1,
+                         ceil_mode=False, negative_slope2=None):
+    shape, fmt = _geometry.output_shape("fused::post_pool_bias", input, multiplier, kernel_size, stride, padding,
+                                        dilation, ceil_mode)
+    _geometry.check_bias("fused::post_pool_bias", bias, input.shape[1], input.dtype, input.device)
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+
+
+@torch.library.register_fake("fused::post_pool_bias_with_offsets")
+def _post_pool_bias_with_offsets_fake(input, bias, multiplier, negative_slope, kernel_size, stride=(), padding=0,
+                                      dilation=1, ceil_mode=False, negative_slope2=None):
+    _geometry.check_bias("fused::post_pool_bias_with_offsets", bias, input.shape[1], input.dtype, input.device)
+    return _post_pool_with_offsets_fake(input, multiplier, negative_slope, kernel_size, stride, padding, dilation,
+                                        ceil_mode, negative_slope2)
+
+
+@torch.library.register_fake("fused::post_pool_bias_backward")
+def _post_pool_bias_backward_fake(grad_output, selected, offsets, bias, multiplier, negative_slope, negative_slope2,
+                                  input_size, kernel_size, stride, padding, dilation, channels_last):
+    _geometry.check_bias("fused::post_pool_bias_backward", bias, input_size[1], grad_output.dtype,
+                         grad_output.device)
+    grad_input, grad_multiplier = _post_pool_backward_fake(
+        grad_output, selected, offsets, multiplier, negative_slope, negative_slope2, input_size, kernel_size, stride,
+        padding, dilation, channels_last)
+    return grad_input, torch.empty(bias.shape, dtype=bias.dtype, device=bias.device), grad_multiplier
+
+
 # ---- autograd -----------------------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
@@ -147,6 +177,37 @@ def _backward(ctx, grad_out, _grad_selected, _grad_offsets):
 
 torch.library.register_autograd("fused::post_pool_with_offsets", _backward, setup_context=_setup_context)
 
+
+def _setup_context_bias(ctx, inputs, output):
+    input, bias, multiplier, negative_slope, kernel_size, stride, padding, dilation, _ceil, negative_slope2 = inputs
+    _out, selected, offsets = output
+    ctx.mark_non_differentiable(selected, offsets)
+    ctx.save_for_backward(selected, offsets, bias, multiplier)
+    ctx.pool = _geometry.pool_params("fused::post_pool_bias", kernel_size, stride, padding, dilation)
+    ctx.slopes = (negative_slope, negative_slope2)
+    ctx.input_size = list(input.shape)
+    ctx.channels_last = _geometry.output_memory_format(input) == torch.channels_last_3d
+
+
+def _backward_bias(ctx, grad_out, _grad_selected, _grad_offsets):
+    selected, offsets, bias, multiplier = ctx.saved_tensors
+    k, s, p, d = ctx.pool
+    grad_input, grad_bias, grad_multiplier = _ops.post_pool_bias_backward(
+        grad_out, selected, offsets, bias, multiplier, ctx.slopes[0], ctx.slopes[1], ctx.input_size, k, s, p, d,
+        ctx.channels_last,
+    )
+    needs = ctx.needs_input_grad
+    return (
+        grad_input if needs[0] else None,
+        grad_bias if needs[1] else None,
+        grad_multiplier if needs[2] else None,
+        None, None, None, None, None, None, None,
+    )
+
+
+torch.library.register_autograd("fused::post_pool_bias_with_offsets", _backward_bias,
+                                setup_context=_setup_context_bias)
+
 # post_pool's own Autograd kernel: when a gradient is needed, run the training forward (whose autograd saves
 # pooled-size tensors only); otherwise the inference kernel.
 _lib = torch.library.Library("fused", "IMPL")
@@ -163,3 +224,13 @@ def _post_pool_autograd(*args, **kwargs):
 
 
 _lib.impl("post_pool", _post_pool_autograd, "Autograd")
+
+
+def _post_pool_bias_autograd(*args, **kwargs):
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args[:3]):
+        return _ops.post_pool_bias_with_offsets.default(*args, **kwargs)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        return _ops.post_pool_bias.default(*args, **kwargs)
+
+
+_lib.impl("post_pool_bias", _post_pool_bias_autograd, "Autograd")
