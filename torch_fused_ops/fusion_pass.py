@@ -31,6 +31,18 @@ from torch.fx import Graph, Node
 
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
+_FUSED_BIAS = torch.ops.fused.post_pool_bias.default
+
+# Fold the bias of a convolution that feeds the chain into fused.post_pool_bias: "off", "cuda" (inputs on CUDA
+# only, where Inductor would otherwise peel the bias off into a separate full-resolution add) or "always".
+# "off" until the CUDA kernels of post_pool_bias have passed the GPU test suite; see docs/notes.md.
+FOLD_CONV_BIAS = "off"
+
+# Convolutions whose bias can be folded: (bias position, parameter names).
+_CONV_SIGS = {
+    torch.conv_transpose3d: ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
+    torch.conv3d: ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+}
 
 # (target, positional parameter names, defaults, in place?)
 _LEAKY_SIGS: dict[Any, tuple[tuple[str, ...], dict[str, Any], bool]] = {
@@ -210,8 +222,45 @@ def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
     if None in (s1, s2, k, st, pad, dil) or not isinstance(ceil, bool):
         return None
     second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
+    bias = _foldable_conv_bias(x)
+    if bias is not None:
+        return [x, bias, m, s1, k, st, pad, dil, ceil, second], [*pool_nodes, y3, y2, y1], pool_nodes[0]
     args = [x, m, s1, k, st, pad, dil, ceil, second]
     return args, [*pool_nodes, y3, y2, y1], pool_nodes[0]
+
+
+def _foldable_conv_bias(x: Node) -> Node | None:
+    """The bias node of the convolution producing `x`, if it may move into the fused op (see FOLD_CONV_BIAS)."""
+    if FOLD_CONV_BIAS not in ("cuda", "always") or x.op != "call_function" or x.target not in _CONV_SIGS:
+        return None
+    if len(x.users) != 1:
+        return None
+    names = _CONV_SIGS[x.target]
+    b = _bind(x, names, {n: None for n in names[2:]})
+    if b is None or not isinstance(b["bias"], Node):
+        return None
+    xv, bv = _val(x), _val(b["bias"])
+    if not isinstance(xv, torch.Tensor) or not isinstance(bv, torch.Tensor):
+        return None
+    if FOLD_CONV_BIAS == "cuda" and xv.device.type != "cuda":
+        return None
+    if bv.dtype != xv.dtype or bv.device != xv.device or bv.dim() != 1 or not _known(bv.shape[0] == xv.shape[1]):
+        return None
+    return b["bias"]
+
+
+def _drop_conv_bias(conv: Node) -> None:
+    """Rewrites the convolution producing the chain's input to run without its bias (now in the fused op)."""
+    names = _CONV_SIGS[conv.target]
+    if len(conv.args) > 2:
+        args = list(conv.args)
+        args[2] = None
+        conv.args = tuple(args)
+    else:
+        kwargs = dict(conv.kwargs)
+        kwargs["bias"] = None
+        conv.kwargs = kwargs
+    assert names[2] == "bias"
 
 
 # Match counters live outside the pass objects: some torch releases pickle the hook's value into Inductor's
@@ -258,7 +307,7 @@ class PostPoolFusionPass(CustomGraphPass):
         # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
         from . import __version__, _geometry, ops
 
-        h = hashlib.sha256(__version__.encode())
+        h = hashlib.sha256(f"{__version__}|fold_conv_bias={FOLD_CONV_BIAS}".encode())
         for mod in (__import__(__name__, fromlist=["_"]), ops, _geometry):
             h.update(inspect.getsource(mod).encode())
         if self.previous is not None:
@@ -280,8 +329,11 @@ def rewrite(graph: Graph) -> int:
         if m is None:
             continue
         args, dead, anchor = m
+        with_bias = len(args) == 10
+        if with_bias:
+            _drop_conv_bias(args[0])
         with graph.inserting_before(anchor):
-            fused = graph.call_function(_FUSED, tuple(args))
+            fused = graph.call_function(_FUSED_BIAS if with_bias else _FUSED, tuple(args))
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
             if key in anchor.meta:
                 fused.meta[key] = anchor.meta[key]
