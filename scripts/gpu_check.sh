@@ -36,7 +36,7 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20 | tee -a "$summary"
 t0=$SECONDS
 # The op's own CUDA tests (forward, autograd, errors, opcheck); the compile tests add nothing for memcheck.
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 \
-  python3 -m pytest tests/test_forward.py tests/test_autograd.py tests/test_errors.py tests/test_opcheck.py \
+  python3 -m pytest tests/test_forward.py tests/test_autograd.py tests/test_errors.py tests/test_opcheck.py tests/test_bias.py \
   -q -p no:cacheprovider -k "cuda" -x > "$OUT/memcheck.log" 2>&1
 rc_mem=$?
 note "compute-sanitizer memcheck on CUDA tests: rc=$rc_mem in $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"

@@ -134,12 +134,17 @@ def bench_model(device, reps, use_compile=True):
     x = torch.randn(batch, 16, *DEFAULT_INPUT, device=device)
     xg = x.clone().requires_grad_()
     rows = []
-    variants = [("eager", None)]
+    from torch_fused_ops import fusion_pass
+
+    variants = [("eager", None, "off")]
     if use_compile:
-        variants += [("torch.compile, pass off", False), ("torch.compile, pass on", True)]
-    for name, use_pass in variants:
+        variants += [("torch.compile, pass off", False, "off"), ("torch.compile, pass on", True, "off"),
+                     ("torch.compile, pass on, conv bias folded", True, "always")]
+    default_fold = fusion_pass.FOLD_CONV_BIAS
+    for name, use_pass, fold in variants:
         torch._dynamo.reset()
         before = torch_fused_ops.matched_count()
+        fusion_pass.FOLD_CONV_BIAS = fold
         with torch_fused_ops.fusion_enabled(bool(use_pass)):
             fn = model if use_pass is None else torch.compile(model)
             with torch.no_grad():
@@ -159,6 +164,7 @@ def bench_model(device, reps, use_compile=True):
             else:
                 peak = float("nan")
             train = median_us(step, device, reps=max(3, reps // 3))
+        fusion_pass.FOLD_CONV_BIAS = default_fold
         matched = torch_fused_ops.matched_count() - before
         rows.append(dict(what="Model", impl=name, shape=list(x.shape), forward_us=fwd, train_step_us=train,
                          train_peak_MiB=peak, matched=matched))
