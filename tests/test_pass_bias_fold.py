@@ -7,8 +7,9 @@ from torch import nn
 import torch_fused_ops
 from torch_fused_ops import fusion_pass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
-from pass_testing import DEVICES, compile_run, isolated_inductor  # noqa: F401  (fixture via conftest import)
-from pass_testing import _isolated_inductor  # noqa: F401
+from pass_testing import compile_run
+from pass_testing import _isolated_inductor  # noqa: F401  (the autouse fixture of the pass tests)
+from test_bias import DEVICES  # CUDA only with the post_pool_bias CUDA kernels present
 
 
 @pytest.fixture

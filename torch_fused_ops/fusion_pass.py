@@ -244,6 +244,8 @@ def _foldable_conv_bias(x: Node) -> Node | None:
         return None
     if FOLD_CONV_BIAS == "cuda" and xv.device.type != "cuda":
         return None
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("fused::post_pool_bias", xv.device.type.upper()):
+        return None  # e.g. CUDA before its post_pool_bias kernels are in (docs/patches/post_pool_bias_cuda.patch)
     if bv.dtype != xv.dtype or bv.device != xv.device or bv.dim() != 1 or not _known(bv.shape[0] == xv.shape[1]):
         return None
     return b["bias"]
