@@ -110,6 +110,30 @@ void forward_rows_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
   });
 }
 
+// float/double, channels_last_3d, 2x2x2 exact tiling: a row of pooled positions per call of the vectorized kernel.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                      double s2d) {
+  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+  const Strides st = input_strides(g);
+  std::vector<scalar_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = p.m[c * p.m_stride];
+  const int64_t rows = g.N * g.OD * g.OH;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (g.OW * g.C)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t oh = r % g.OH;
+      const int64_t od = (r / g.OH) % g.OD;
+      const int64_t n = r / (g.OH * g.OD);
+      const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
+      const int64_t o = r * g.OW * g.C;
+      uint8_t* off = nullptr;
+      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      simd::channels_row_2x2x2(x, st.h, st.d, g.OW, g.C, m.data(), s1, s2, p.out + o,
+                               p.sel == nullptr ? nullptr : p.sel + o, off);
+    }
+  });
+}
+
 // float/double, channels_last_3d, any window: per pooled position, each in-range tap is folded into the running
 // max of all C channels by the vectorized channel kernel, in window order.
 template <typename scalar_t, typename off_t>
@@ -265,7 +289,13 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
     return;
   }
   if (g.channels_last) {
-    if constexpr (simd_dtype) {
+    if constexpr (simd_dtype && std::is_same_v<off_t, uint8_t>) {
+      if (k2) {
+        forward_channels_last_2x2x2_simd(p, g, s1, s2);
+      } else {
+        forward_channels_last_simd(p, g, s1, s2);
+      }
+    } else if constexpr (simd_dtype) {
       forward_channels_last_simd(p, g, s1, s2);
     } else {
       forward_channels_last_lowp(p, g, s1, s2);

@@ -74,6 +74,49 @@ inline void channels_body(const T* __restrict x, const T* __restrict m, int64_t 
   }
 }
 
+template <typename T, bool SAVE>
+inline void channels_row_body(const T* __restrict x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
+                              const T* __restrict m, T s1, T s2, T* __restrict out, T* __restrict sel,
+                              uint8_t* __restrict off) {
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    const T* p = x + 2 * ow * C;
+    T* o = out + ow * C;
+    T* sv = SAVE ? sel + ow * C : nullptr;
+    uint8_t* ov = SAVE ? off + ow * C : nullptr;
+    for (int64_t c = 0; c < C; ++c) {
+      T best = -std::numeric_limits<T>::infinity();
+      T bx = T(0);
+      int32_t bo = 0;
+      const T mc = m[c];
+#define FUSED_TAP(OFFSET, TAP)                          \
+  {                                                     \
+    const T xv = p[(OFFSET) + c];                       \
+    const T v = epilogue(xv, mc, s1, s2);               \
+    const bool take = (v > best) | (v != v);            \
+    best = take ? v : best;                             \
+    if (SAVE) {                                         \
+      bx = take ? xv : bx;                              \
+      bo = take ? TAP : bo;                             \
+    }                                                   \
+  }
+      FUSED_TAP(0, 0)
+      FUSED_TAP(C, 1)
+      FUSED_TAP(sh, 2)
+      FUSED_TAP(sh + C, 3)
+      FUSED_TAP(sd, 4)
+      FUSED_TAP(sd + C, 5)
+      FUSED_TAP(sd + sh, 6)
+      FUSED_TAP(sd + sh + C, 7)
+#undef FUSED_TAP
+      o[c] = best;
+      if (SAVE) {
+        sv[c] = bx;
+        ov[c] = static_cast<uint8_t>(bo);
+      }
+    }
+  }
+}
+
 // The chain rule as eager autograd applies it (leaky_relu_backward, mul backward, leaky_relu_backward), from
 // the gradient accumulated into zeros (0 + g, which turns -0 into +0 as eager's scatter does).
 template <typename T>
@@ -129,6 +172,25 @@ inline void channels_backward_body(const T* __restrict go, const T* __restrict s
 }
 
 }  // namespace
+
+FUSED_CLONES void channels_row_2x2x2(const float* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const float* m,
+                                     float s1, float s2, float* out, float* sel, uint8_t* off) {
+  if (sel != nullptr) {
+    channels_row_body<float, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  } else {
+    channels_row_body<float, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  }
+}
+
+FUSED_CLONES void channels_row_2x2x2(const double* x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
+                                     const double* m, double s1, double s2, double* out, double* sel,
+                                     uint8_t* off) {
+  if (sel != nullptr) {
+    channels_row_body<double, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  } else {
+    channels_row_body<double, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  }
+}
 
 FUSED_CLONES void row_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, int64_t OW, float m,
                                      float s1, float s2, float* g0, float* g1, float* g2, float* g3,

@@ -26,6 +26,14 @@ void channels_tap(const float* x, const float* m, int64_t C, float s1, float s2,
 void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap, double* out,
                   double* sel, uint8_t* off8, int32_t* off32);
 
+// channels_last_3d, 2x2x2 exact tiling: a row of OW pooled positions (n, od, oh, *) in one call. `x` points at
+// input (n, 2od, 2oh, 0, 0); sh and sd are the element strides of H and D (sw is C). out/sel/off point at
+// output (n, od, oh, 0, 0). One call per row keeps per-call overhead off small channel counts.
+void channels_row_2x2x2(const float* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const float* m, float s1,
+                        float s2, float* out, float* sel, uint8_t* off);
+void channels_row_2x2x2(const double* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const double* m, double s1,
+                        double s2, double* out, double* sel, uint8_t* off);
+
 // Backward for the 2x2x2 exact tiling, contiguous: from one row of OW outputs (grad, selected input, tap), writes
 // the whole window of each output into the four grad_input rows (the gradient at the chosen tap, zeros elsewhere)
 // and each output's multiplier-gradient contribution.
