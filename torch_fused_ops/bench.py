@@ -18,6 +18,7 @@ time vs size with the floor drawn.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -234,7 +235,11 @@ def main(argv=None) -> int:
                 fmt = torch.channels_last_3d if lay == "channels_last_3d" else torch.contiguous_format
                 # Pass off throughout: "torch.compile" must mean the composite as Inductor compiles it alone,
                 # also when a later call (other requires_grad flags) triggers a recompile.
-                with torch_fused_ops.fusion_enabled(False):
+                # donated_buffer off: the backward rows replay one graph with retain_graph=True, which
+                # compiled backwards with donated buffers refuse.
+                no_donation = (torch._functorch.config.patch(donated_buffer=False)
+                               if hasattr(torch._functorch.config, "donated_buffer") else contextlib.nullcontext())
+                with torch_fused_ops.fusion_enabled(False), no_donation:
                     rows += bench_op(shape, DTYPES[dt], fmt, device, bw, not args.no_compile, reps)
     model_rows = [] if args.no_model else bench_model(device, reps, not args.no_compile)
     meta = dict(device=name, torch=torch.__version__, date=datetime.date.today().isoformat(),
