@@ -8,7 +8,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -220,6 +219,44 @@ void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
   });
 }
 
+// float16/bfloat16, channels_last_3d, 2x2x2 exact tiling: float copies of the row's four (d, h) input lines,
+// then the float row kernel.
+template <typename scalar_t, typename off_t>
+void forward_channels_last_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                      double s2d) {
+  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
+  const Strides st = input_strides(g);
+  std::vector<float> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(p.m[c * p.m_stride]);
+  const int64_t rows = g.N * g.OD * g.OH;
+  const int64_t line = 2 * g.OW * g.C;  // the input elements of one (n, d, h) line that the windows use
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (g.OW * g.C)), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(4 * line + 2 * g.OW * g.C);
+    float* in = buf.data();
+    float* outf = in + 4 * line;
+    float* self = outf + g.OW * g.C;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t oh = r % g.OH;
+      const int64_t od = (r / g.OH) % g.OD;
+      const int64_t n = r / (g.OH * g.OD);
+      const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
+      for (int q = 0; q < 4; ++q) {
+        const scalar_t* src = x + (q >> 1) * st.d + (q & 1) * st.h;
+        for (int64_t i = 0; i < line; ++i) in[q * line + i] = static_cast<float>(src[i]);
+      }
+      const int64_t o = r * g.OW * g.C;
+      uint8_t* off = nullptr;
+      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      simd::channels_row_2x2x2(in, line, 2 * line, g.OW, g.C, m.data(), s1, s2, outf,
+                               p.sel == nullptr ? nullptr : self, off);
+      for (int64_t i = 0; i < g.OW * g.C; ++i) p.out[o + i] = static_cast<scalar_t>(outf[i]);
+      if (p.sel != nullptr) {
+        for (int64_t i = 0; i < g.OW * g.C; ++i) p.sel[o + i] = static_cast<scalar_t>(self[i]);
+      }
+    }
+  });
+}
+
 template <typename scalar_t, typename off_t>
 void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
                                 double s2d) {
@@ -297,6 +334,12 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
       }
     } else if constexpr (simd_dtype) {
       forward_channels_last_simd(p, g, s1, s2);
+    } else if constexpr (std::is_same_v<off_t, uint8_t>) {
+      if (k2) {
+        forward_channels_last_2x2x2_lowp(p, g, s1, s2);
+      } else {
+        forward_channels_last_lowp(p, g, s1, s2);
+      }
     } else {
       forward_channels_last_lowp(p, g, s1, s2);
     }
