@@ -150,6 +150,38 @@ C10_HOST_DEVICE inline int64_t end_tap(int64_t start, int64_t dil, int64_t k, in
   return e < k ? e : k;
 }
 
+// The in-range taps of the window of output (od, oh, ow): tap j of a dim covers input start + j*dilation.
+struct TapRange {
+  int64_t d0, h0, w0;     // window start (may lie in the padding)
+  int64_t jd0, jd1, jh0, jh1, jw0, jw1;  // [first, end) in-range taps per dim
+  int64_t first_offset;   // offset max_pool3d reports when nothing beats -inf
+};
+C10_HOST_DEVICE inline TapRange tap_range(const PoolGeometry& g, int64_t od, int64_t oh, int64_t ow) {
+  TapRange t;
+  t.d0 = od * g.sd - g.pd;
+  t.h0 = oh * g.sh - g.ph;
+  t.w0 = ow * g.sw - g.pw;
+  t.jd0 = first_tap(t.d0, g.dd);
+  t.jd1 = end_tap(t.d0, g.dd, g.kd, g.D);
+  t.jh0 = first_tap(t.h0, g.dh);
+  t.jh1 = end_tap(t.h0, g.dh, g.kh, g.H);
+  t.jw0 = first_tap(t.w0, g.dw);
+  t.jw1 = end_tap(t.w0, g.dw, g.kw, g.W);
+  t.first_offset = (t.jd0 * g.kh + t.jh0) * g.kw + t.jw0;
+  return t;
+}
+
+// (n, od, oh, ow) of pooled position `pos` = ((n*OD + od)*OH + oh)*OW + ow.
+C10_HOST_DEVICE inline void position_coords(int64_t pos, const PoolGeometry& g, int64_t& n, int64_t& od,
+                                            int64_t& oh, int64_t& ow) {
+  ow = pos % g.OW;
+  pos /= g.OW;
+  oh = pos % g.OH;
+  pos /= g.OH;
+  od = pos % g.OD;
+  n = pos / g.OD;
+}
+
 // Result of scanning one pool window.
 template <typename scalar_t, typename acc_t>
 struct WindowMax {

@@ -68,10 +68,8 @@ void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const P
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
   at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      int64_t n, od, oh, ow;
+      position_coords(pos, g, n, od, oh, ow);
       for (int64_t c = 0; c < g.C; ++c) {
         const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
         const acc_t b = p.bias == nullptr ? acc_t(0) : static_cast<acc_t>(p.bias[c]);
@@ -145,14 +143,9 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
   at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
-      const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-      const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
-      const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
-      const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+      int64_t n, od, oh, ow;
+      position_coords(pos, g, n, od, oh, ow);
+      const TapRange t = tap_range(g, od, oh, ow);
       const int64_t o = pos * g.C;
       scalar_t* out = p.out + o;
       scalar_t* sel = p.sel == nullptr ? nullptr : p.sel + o;
@@ -161,7 +154,7 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
       if (p.off != nullptr) {
         if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
       }
-      const off_t first = static_cast<off_t>((jd0 * g.kh + jh0) * g.kw + jw0);
+      const off_t first = static_cast<off_t>(t.first_offset);
       for (int64_t c = 0; c < g.C; ++c) {
         out[c] = -std::numeric_limits<scalar_t>::infinity();
         if (sel != nullptr) {
@@ -170,10 +163,11 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
         }
       }
       const scalar_t* xn = p.x + n * st.n;
-      for (int64_t jd = jd0; jd < jd1; ++jd) {
-        for (int64_t jh = jh0; jh < jh1; ++jh) {
-          for (int64_t jw = jw0; jw < jw1; ++jw) {
-            const scalar_t* x = xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h + (w0 + jw * g.dw) * st.w;
+      for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
+        for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
+          for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
+            const scalar_t* x =
+                xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
             simd::channels_tap(x, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), out,
                                sel, off8, off32);
           }
@@ -271,14 +265,9 @@ void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const Poo
     float* outf = xf + g.C;
     float* self = outf + g.C;
     for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
-      const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-      const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
-      const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
-      const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+      int64_t n, od, oh, ow;
+      position_coords(pos, g, n, od, oh, ow);
+      const TapRange t = tap_range(g, od, oh, ow);
       const int64_t o = pos * g.C;
       const bool save = p.sel != nullptr;
       uint8_t* off8 = nullptr;
@@ -286,17 +275,18 @@ void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const Poo
       if (save) {
         if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
       }
-      const off_t first = static_cast<off_t>((jd0 * g.kh + jh0) * g.kw + jw0);
+      const off_t first = static_cast<off_t>(t.first_offset);
       for (int64_t c = 0; c < g.C; ++c) {
         outf[c] = -std::numeric_limits<float>::infinity();
         self[c] = 0.f;
         if (save) p.off[o + c] = first;
       }
       const scalar_t* xn = p.x + n * st.n;
-      for (int64_t jd = jd0; jd < jd1; ++jd) {
-        for (int64_t jh = jh0; jh < jh1; ++jh) {
-          for (int64_t jw = jw0; jw < jw1; ++jw) {
-            const scalar_t* x = xn + (d0 + jd * g.dd) * st.d + (h0 + jh * g.dh) * st.h + (w0 + jw * g.dw) * st.w;
+      for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
+        for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
+          for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
+            const scalar_t* x =
+                xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
             for (int64_t c = 0; c < g.C; ++c) xf[c] = static_cast<float>(x[c]);
             simd::channels_tap(xf, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), outf,
                                save ? self : nullptr, off8, off32);
@@ -490,10 +480,8 @@ void backward_2x2x2_simd(const scalar_t* go, const scalar_t* sel, const uint8_t*
   at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
     std::vector<scalar_t> scratch(g.C);
     for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      int64_t n, od, oh, ow;
+      position_coords(pos, g, n, od, oh, ow);
       scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
       scalar_t* taps[8];
       for (int t = 0; t < 8; ++t) taps[t] = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
@@ -551,10 +539,8 @@ void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t*
     float* tapp[8];
     for (int t = 0; t < 8; ++t) tapp[t] = taps + t * g.C;
     for (int64_t pos = begin; pos < end; ++pos) {
-      const int64_t ow = pos % g.OW;
-      const int64_t oh = (pos / g.OW) % g.OH;
-      const int64_t od = (pos / (g.OW * g.OH)) % g.OD;
-      const int64_t n = pos / (g.OW * g.OH * g.OD);
+      int64_t n, od, oh, ow;
+      position_coords(pos, g, n, od, oh, ow);
       const int64_t o = pos * g.C;
       for (int64_t c = 0; c < g.C; ++c) {
         gof[c] = static_cast<float>(go[o + c]);
