@@ -146,7 +146,13 @@ def bench_model(device, reps, use_compile=True):
         torch._dynamo.reset()
         before = torch_fused_ops.matched_count()
         fusion_pass.FOLD_CONV_BIAS = fold
-        with torch_fused_ops.fusion_enabled(bool(use_pass)):
+        # Caches off so every compiled variant runs the pass (a cache hit would skip it and count no match).
+        fresh = [torch._inductor.config.patch(fx_graph_cache=False)]
+        if hasattr(torch._functorch.config, "enable_autograd_cache"):
+            fresh.append(torch._functorch.config.patch(enable_autograd_cache=False))
+        with torch_fused_ops.fusion_enabled(bool(use_pass)), contextlib.ExitStack() as stack:
+            for cm in fresh:
+                stack.enter_context(cm)
             fn = model if use_pass is None else torch.compile(model)
             with torch.no_grad():
                 fwd = median_us(lambda: fn(x), device, reps=reps)
