@@ -171,6 +171,15 @@ C10_HOST_DEVICE inline TapRange tap_range(const PoolGeometry& g, int64_t od, int
   return t;
 }
 
+// (outer, od, oh) of output row `r` = (outer*OD + od)*OH + oh, where outer is n*C + c for NCDHW rows or n for
+// channels-last rows.
+C10_HOST_DEVICE inline void row_coords(int64_t r, const PoolGeometry& g, int64_t& outer, int64_t& od, int64_t& oh) {
+  oh = r % g.OH;
+  r /= g.OH;
+  od = r % g.OD;
+  outer = r / g.OD;
+}
+
 // (n, od, oh, ow) of pooled position `pos` = ((n*OD + od)*OH + oh)*OW + ow.
 C10_HOST_DEVICE inline void position_coords(int64_t pos, const PoolGeometry& g, int64_t& n, int64_t& od,
                                             int64_t& oh, int64_t& ow) {
@@ -223,18 +232,15 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
       }
     }
   } else {
-    const int64_t d0 = od * g.sd - g.pd, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-    const int64_t jd0 = first_tap(d0, g.dd), jd1 = end_tap(d0, g.dd, g.kd, g.D);
-    const int64_t jh0 = first_tap(h0, g.dh), jh1 = end_tap(h0, g.dh, g.kh, g.H);
-    const int64_t jw0 = first_tap(w0, g.dw), jw1 = end_tap(w0, g.dw, g.kw, g.W);
+    const TapRange t = tap_range(g, od, oh, ow);
     // max_pool3d reports the first in-range tap even when the window is all padding.
-    r.offset = static_cast<int32_t>((jd0 * g.kh + jh0) * g.kw + jw0);
-    for (int64_t jd = jd0; jd < jd1; ++jd) {
-      const scalar_t* pd_ = plane + (d0 + jd * g.dd) * sD;
-      for (int64_t jh = jh0; jh < jh1; ++jh) {
-        const scalar_t* ph_ = pd_ + (h0 + jh * g.dh) * sH;
-        for (int64_t jw = jw0; jw < jw1; ++jw) {
-          const scalar_t xv = ph_[(w0 + jw * g.dw) * sW];
+    r.offset = static_cast<int32_t>(t.first_offset);
+    for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
+      const scalar_t* pd_ = plane + (t.d0 + jd * g.dd) * sD;
+      for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
+        const scalar_t* ph_ = pd_ + (t.h0 + jh * g.dh) * sH;
+        for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
+          const scalar_t xv = ph_[(t.w0 + jw * g.dw) * sW];
           const acc_t v = epilogue(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
           const bool take = takes_max(v, r.value);
           r.value = take ? v : r.value;

@@ -39,9 +39,8 @@ void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, 
   const int64_t rows = g.N * g.C * g.OD * g.OH;
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t oh = r % g.OH;
-      const int64_t od = (r / g.OH) % g.OD;
-      const int64_t nc = r / (g.OH * g.OD);
+      int64_t nc, od, oh;
+      row_coords(r, g, nc, od, oh);
       const acc_t m = static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]);
       const acc_t b = p.bias == nullptr ? acc_t(0) : static_cast<acc_t>(p.bias[nc % g.C]);
       const scalar_t* plane = p.x + nc * st.c;
@@ -94,9 +93,8 @@ void forward_rows_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
   const int64_t rows = g.N * g.C * g.OD * g.OH;
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t oh = r % g.OH;
-      const int64_t od = (r / g.OH) % g.OD;
-      const int64_t nc = r / (g.OH * g.OD);
+      int64_t nc, od, oh;
+      row_coords(r, g, nc, od, oh);
       const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
       const int64_t o = r * g.OW;
       uint8_t* off = nullptr;
@@ -118,9 +116,8 @@ void forward_channels_last_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, con
   const int64_t rows = g.N * g.OD * g.OH;
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (g.OW * g.C)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t oh = r % g.OH;
-      const int64_t od = (r / g.OH) % g.OD;
-      const int64_t n = r / (g.OH * g.OD);
+      int64_t n, od, oh;
+      row_coords(r, g, n, od, oh);
       const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
       const int64_t o = r * g.OW * g.C;
       uint8_t* off = nullptr;
@@ -191,9 +188,8 @@ void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
     float* outf = in + 4 * g.W;
     float* self = outf + g.OW;
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t oh = r % g.OH;
-      const int64_t od = (r / g.OH) % g.OD;
-      const int64_t nc = r / (g.OH * g.OD);
+      int64_t nc, od, oh;
+      row_coords(r, g, nc, od, oh);
       const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
       for (int q = 0; q < 4; ++q) {
         const scalar_t* src = base + (q >> 1) * st.d + (q & 1) * st.h;
@@ -230,9 +226,8 @@ void forward_channels_last_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, con
     float* outf = in + 4 * line;
     float* self = outf + g.OW * g.C;
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t oh = r % g.OH;
-      const int64_t od = (r / g.OH) % g.OD;
-      const int64_t n = r / (g.OH * g.OD);
+      int64_t n, od, oh;
+      row_coords(r, g, n, od, oh);
       const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
       for (int q = 0; q < 4; ++q) {
         const scalar_t* src = x + (q >> 1) * st.d + (q & 1) * st.h;
@@ -463,9 +458,8 @@ void backward_2x2x2_simd(const scalar_t* go, const scalar_t* sel, const uint8_t*
     const int64_t rows = g.N * g.C * g.OD * g.OH;
     at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t oh = r % g.OH;
-        const int64_t od = (r / g.OH) % g.OD;
-        const int64_t nc = r / (g.OH * g.OD);
+        int64_t nc, od, oh;
+        row_coords(r, g, nc, od, oh);
         scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
         const int64_t o = r * g.OW;
         simd::row_2x2x2_backward(go + o, sel + o, off + o, g.OW, mflat[(nc % g.C) * m_stride], s1, s2, base,
@@ -507,9 +501,8 @@ void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t*
       float* self = gof + g.OW;
       float* gif = self + g.OW;  // four rows of 2*OW
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t oh = r % g.OH;
-        const int64_t od = (r / g.OH) % g.OD;
-        const int64_t nc = r / (g.OH * g.OD);
+        int64_t nc, od, oh;
+        row_coords(r, g, nc, od, oh);
         const int64_t o = r * g.OW;
         for (int64_t w = 0; w < g.OW; ++w) {
           gof[w] = static_cast<float>(go[o + w]);

@@ -7,7 +7,6 @@ Everything here builds expectations from eager PyTorch ops; nothing here
 calls the fused op, so a test can never end up comparing the op with itself.
 """
 
-import math
 import re
 
 import pytest

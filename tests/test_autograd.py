@@ -22,7 +22,6 @@ from fused_testing import (
     make_input,
     make_multiplier,
     op_args,
-    pool_params,
     resolved_pool,
     tie_free_input,
 )

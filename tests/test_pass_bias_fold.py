@@ -4,7 +4,6 @@ import pytest
 import torch
 from torch import nn
 
-import torch_fused_ops
 from torch_fused_ops import fusion_pass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from pass_testing import compile_run

@@ -17,9 +17,11 @@ Anything else is left untouched, so the graph compiles as it would without this 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import operator
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -265,6 +267,18 @@ def _drop_conv_bias(conv: Node) -> None:
     assert names[2] == "bias"
 
 
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    """Hash of the package version and the source of this pass and of the fake/autograd code. Read once: uuid()
+    runs for every compilation's cache key (and, on torch 2.11, whenever the hook's value is pickled)."""
+    from . import __version__, _geometry, ops
+
+    h = hashlib.sha256(__version__.encode())
+    for mod in (sys.modules[__name__], ops, _geometry):
+        h.update(inspect.getsource(mod).encode())
+    return h.hexdigest()
+
+
 # Match counters live outside the pass objects: some torch releases pickle the hook's value into Inductor's
 # cache key, and counters that change after every compilation would then make every lookup miss.
 _COUNTS: "weakref.WeakKeyDictionary[PostPoolFusionPass, list[int]]" = weakref.WeakKeyDictionary()
@@ -307,11 +321,7 @@ class PostPoolFusionPass(CustomGraphPass):
     def uuid(self) -> Any:
         # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
         # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
-        from . import __version__, _geometry, ops
-
-        h = hashlib.sha256(f"{__version__}|fold_conv_bias={FOLD_CONV_BIAS}".encode())
-        for mod in (__import__(__name__, fromlist=["_"]), ops, _geometry):
-            h.update(inspect.getsource(mod).encode())
+        h = hashlib.sha256(f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None
