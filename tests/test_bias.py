@@ -9,15 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import torch_fused_ops  # noqa: F401
 from fused_testing import HALF_DTYPES, HAS_CUDA, make_input, make_multiplier
 
-# The CUDA kernels of these ops are kept as docs/patches/post_pool_bias_cuda.patch until they pass on a GPU
-# (docs/notes.md); with the patch applied the CUDA cases run.
-_BIAS_CUDA = torch._C._dispatch_has_kernel_for_dispatch_key("fused::post_pool_bias", "CUDA")
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(
-        not (HAS_CUDA and _BIAS_CUDA),
-        reason="needs a GPU and the CUDA kernels of post_pool_bias (docs/patches/post_pool_bias_cuda.patch)")),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU"))]
 
 OPS = torch.ops.fused
 CFGS = {

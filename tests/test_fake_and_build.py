@@ -9,15 +9,17 @@ import torch_fused_ops  # noqa: F401  (import failure must be loud, not a skip)
 from fused_testing import CHANNELS_LAST, make_input, make_multiplier, op_args, resolved_pool
 
 OPS = ["post_pool", "post_pool_with_offsets", "post_pool_backward"]
+# Registration is checked for these too (their metadata tests live in test_bias.py).
+REGISTERED = OPS + ["post_pool_bias", "post_pool_bias_with_offsets", "post_pool_bias_backward"]
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", REGISTERED)
 def test_cpu_kernel_registered(op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fused::{op}", "CPU")
 
 
 @pytest.mark.skipif(torch.version.cuda is None, reason="torch is not a CUDA build, so no CUDA kernel is expected")
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", REGISTERED)
 def test_cuda_kernel_registered(op):
     # A CUDA build of torch must get CUDA kernels even on a machine without a
     # GPU: a CPU-only build of the extension would silently fail later.

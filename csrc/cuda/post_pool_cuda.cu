@@ -1,4 +1,5 @@
-// CUDA kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward.
+// CUDA kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward, and of their post_pool_bias
+// variants (a per-channel bias added before the first LeakyReLU, a runtime-uniform branch in the same kernels).
 //
 // One thread per output (forward) or per input element (backward), grid-stride, int64 offsets throughout.
 // Layout (NCDHW / NDHWC) and the 2x2x2 exact-tiling window are template parameters, so each layout and the fast
@@ -38,7 +39,7 @@ template <typename scalar_t, typename off_t, bool CL, int K, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_kernel(
     const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g,
     const Strides st, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out,
-    scalar_t* __restrict__ sel, off_t* __restrict__ off) {
+    scalar_t* __restrict__ sel, off_t* __restrict__ off, const scalar_t* __restrict__ bias) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t total = g.output_numel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -46,7 +47,9 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_kernel(
     int64_t n, c, od, oh, ow;
     output_coords<CL>(i, g, n, c, od, oh, ow);
     const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-    const auto r = scan_window<K, K, K>(x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2);
+    const acc_t b = bias != nullptr ? static_cast<acc_t>(bias[c]) : acc_t(0);
+    const auto r = scan_window<K, K, K>(x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b,
+                                        bias != nullptr);
     out[i] = static_cast<scalar_t>(r.value);
     if constexpr (SAVE) {
       sel[i] = r.input;
@@ -59,7 +62,7 @@ template <typename scalar_t, typename off_t, bool CL, int K>
 __global__ void __launch_bounds__(kThreads) post_pool_grad_input_kernel(
     const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel, const off_t* __restrict__ off,
     const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g, at::opmath_type<scalar_t> s1,
-    at::opmath_type<scalar_t> s2, scalar_t* __restrict__ gi) {
+    at::opmath_type<scalar_t> s2, scalar_t* __restrict__ gi, const scalar_t* __restrict__ bias) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t total = g.input_numel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -67,7 +70,9 @@ __global__ void __launch_bounds__(kThreads) post_pool_grad_input_kernel(
     int64_t n, c, d, h, w;
     input_coords<CL>(i, g, n, c, d, h, w);
     const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-    gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2));
+    const acc_t b = bias != nullptr ? static_cast<acc_t>(bias[c]) : acc_t(0);
+    gi[i] = static_cast<scalar_t>(
+        gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2, b, bias != nullptr));
   }
 }
 
@@ -75,7 +80,8 @@ template <typename scalar_t, typename off_t, bool CL>
 __global__ void __launch_bounds__(kThreads) post_pool_grad_multiplier_kernel(
     const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel, const off_t* __restrict__ off,
     const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g, at::opmath_type<scalar_t> s1,
-    at::opmath_type<scalar_t> s2, at::opmath_type<scalar_t>* __restrict__ contrib) {
+    at::opmath_type<scalar_t> s2, at::opmath_type<scalar_t>* __restrict__ contrib,
+    const scalar_t* __restrict__ bias, at::opmath_type<scalar_t>* __restrict__ contrib_bias) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t total = g.output_numel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -83,9 +89,12 @@ __global__ void __launch_bounds__(kThreads) post_pool_grad_multiplier_kernel(
     int64_t n, c, od, oh, ow;
     output_coords<CL>(i, g, n, c, od, oh, ow);
     const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-    contrib[i] = tap_in_bounds(g, od, oh, ow, static_cast<int64_t>(off[i]))
-                     ? grad_multiplier_of(static_cast<acc_t>(go[i]), static_cast<acc_t>(sel[i]), m, s1, s2)
-                     : acc_t(0);
+    const bool valid = tap_in_bounds(g, od, oh, ow, static_cast<int64_t>(off[i]));
+    const acc_t x = pre_activation(static_cast<acc_t>(sel[i]),
+                                   bias != nullptr ? static_cast<acc_t>(bias[c]) : acc_t(0), bias != nullptr);
+    const acc_t gs = acc_t(0) + static_cast<acc_t>(go[i]);
+    contrib[i] = valid ? grad_multiplier_of(gs, x, m, s1, s2) : acc_t(0);
+    if (bias != nullptr) contrib_bias[i] = valid ? grad_input_of(gs, x, m, s1, s2) : acc_t(0);
   }
 }
 
@@ -114,8 +123,8 @@ struct Best {
     input = scalar_t(0);
     tap = 0;
   }
-  __device__ void take(scalar_t x, acc_t m, acc_t s1, acc_t s2, uint8_t t) {
-    const acc_t v = epilogue(static_cast<acc_t>(x), m, s1, s2);
+  __device__ void take(scalar_t x, acc_t m, acc_t s1, acc_t s2, acc_t b, bool has_bias, uint8_t t) {
+    const acc_t v = epilogue(pre_activation(static_cast<acc_t>(x), b, has_bias), m, s1, s2);
     const bool t_ = takes_max(v, value);
     value = t_ ? v : value;
     input = t_ ? x : input;
@@ -128,16 +137,19 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
     const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W, index_t plane, at::opmath_type<scalar_t> s1,
     at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out, scalar_t* __restrict__ sel,
-    uint8_t* __restrict__ off) {
+    uint8_t* __restrict__ off, const scalar_t* __restrict__ bias) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>();
+  const bool has_bias = bias != nullptr;
   using In = Pack<scalar_t, 2 * VEC>;
   for (index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total;
        p += static_cast<index_t>(gridDim.x) * blockDim.x) {
     const index_t row = p / OWv;               // (n, c, od, oh)
     const index_t owv = p - row * OWv;
     const index_t base = 2 * W * (row + OH * (row / OH)) + 2 * VEC * owv;  // (n, c, 2od, 2oh, 2*VEC*owv)
-    const acc_t m = static_cast<acc_t>(mflat[per_channel ? (row / ODOH) % C : 0]);
+    const index_t c = (row / ODOH) % C;
+    const acc_t m = static_cast<acc_t>(mflat[per_channel ? c : 0]);
+    const acc_t b = has_bias ? static_cast<acc_t>(bias[c]) : acc_t(0);
     In r[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -147,16 +159,16 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
     Pack<uint8_t, VEC> ov;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      Best<scalar_t, acc_t> b;
-      b.init();
+      Best<scalar_t, acc_t> best;
+      best.init();
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        b.take(r[q].v[2 * j], m, s1, s2, static_cast<uint8_t>(2 * q));
-        b.take(r[q].v[2 * j + 1], m, s1, s2, static_cast<uint8_t>(2 * q + 1));
+        best.take(r[q].v[2 * j], m, s1, s2, b, has_bias, static_cast<uint8_t>(2 * q));
+        best.take(r[q].v[2 * j + 1], m, s1, s2, b, has_bias, static_cast<uint8_t>(2 * q + 1));
       }
-      o.v[j] = static_cast<scalar_t>(b.value);
-      sv.v[j] = b.input;
-      ov.v[j] = b.tap;
+      o.v[j] = static_cast<scalar_t>(best.value);
+      sv.v[j] = best.input;
+      ov.v[j] = best.tap;
     }
     *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
     if constexpr (SAVE) {
@@ -171,7 +183,8 @@ template <typename scalar_t, typename index_t, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kernel(
     const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t Cv, index_t C, index_t OW, index_t OH, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2,
-    scalar_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off) {
+    scalar_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off,
+    const scalar_t* __restrict__ bias) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>() * 2;  // 16 bytes of channels per tap
   using In = Pack<scalar_t, VEC>;
@@ -187,6 +200,10 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     acc_t m[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) m[j] = static_cast<acc_t>(mflat[per_channel ? c + j : 0]);
+    const bool has_bias = bias != nullptr;
+    acc_t bv[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bv[j] = has_bias ? static_cast<acc_t>(bias[c + j]) : acc_t(0);
     Best<scalar_t, acc_t> best[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) best[j].init();
@@ -194,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     for (int t = 0; t < 8; ++t) {
       const In r = *reinterpret_cast<const In*>(x + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) best[j].take(r.v[j], m[j], s1, s2, static_cast<uint8_t>(t));
+      for (int j = 0; j < VEC; ++j) best[j].take(r.v[j], m[j], s1, s2, bv[j], has_bias, static_cast<uint8_t>(t));
     }
     Pack<scalar_t, VEC> o, sv;
 #pragma unroll
@@ -235,6 +252,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
     uint8_t* op = SAVE ? off.mutable_data_ptr<uint8_t>() : nullptr;
+    const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
     const bool small = g.input_numel() < (int64_t(1) << 31);
     if (!g.channels_last) {
       constexpr int VEC = vec_outputs<scalar_t>();
@@ -246,7 +264,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
         post_pool_forward_tiled2_ncdhw_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.OW / VEC),
             static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C),
-            static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op);
+            static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op, bp);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       small ? go(int32_t{}) : go(int64_t{});
@@ -259,7 +277,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
         using index_t = decltype(idx);
         post_pool_forward_tiled2_ndhwc_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.C / VEC),
-            static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op);
+            static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op, bp);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       small ? go(int32_t{}) : go(int64_t{});
@@ -276,7 +294,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_kernel(
     const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel, const off_t* __restrict__ off,
     const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g, const Strides st,
     at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2, scalar_t* __restrict__ gi,
-    at::opmath_type<scalar_t>* __restrict__ contrib) {
+    at::opmath_type<scalar_t>* __restrict__ contrib, const scalar_t* __restrict__ bias,
+    at::opmath_type<scalar_t>* __restrict__ contrib_bias) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t total = g.output_numel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -284,11 +303,14 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_kernel(
     int64_t n, c, od, oh, ow;
     output_coords<CL>(i, g, n, c, od, oh, ow);
     const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
-    const acc_t x = static_cast<acc_t>(sel[i]);
+    const acc_t x = pre_activation(static_cast<acc_t>(sel[i]),
+                                   bias != nullptr ? static_cast<acc_t>(bias[c]) : acc_t(0), bias != nullptr);
     // 0 + g, as eager accumulates into a zeroed buffer (turns -0 into +0).
     const acc_t gsum = acc_t(0) + static_cast<acc_t>(go[i]);
-    const scalar_t gx = static_cast<scalar_t>(grad_input_of(gsum, x, m, s1, s2));
+    const acc_t gxa = grad_input_of(gsum, x, m, s1, s2);
+    const scalar_t gx = static_cast<scalar_t>(gxa);
     contrib[i] = grad_multiplier_of(gsum, x, m, s1, s2);
+    if (bias != nullptr) contrib_bias[i] = gxa;
     const int tap = static_cast<int>(off[i]);
     scalar_t* base = gi + n * st.n + c * st.c + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
 #pragma unroll
@@ -311,23 +333,24 @@ void launch_forward(const ForwardInputs& f, const at::Tensor& out, const at::Ten
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
   off_t* op = SAVE ? off.mutable_data_ptr<off_t>() : nullptr;
+  const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
   if (launch_forward_tiled2<scalar_t, off_t, SAVE>(f, out, sel, off, stream)) return;
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
   const dim3 grid(static_cast<unsigned>(num_blocks(g.output_numel())));
   if (g.channels_last) {
     if (k2) {
-      post_pool_forward_kernel<scalar_t, off_t, true, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op);
+      post_pool_forward_kernel<scalar_t, off_t, true, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      post_pool_forward_kernel<scalar_t, off_t, true, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op);
+      post_pool_forward_kernel<scalar_t, off_t, true, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   } else {
     if (k2) {
-      post_pool_forward_kernel<scalar_t, off_t, false, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op);
+      post_pool_forward_kernel<scalar_t, off_t, false, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      post_pool_forward_kernel<scalar_t, off_t, false, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op);
+      post_pool_forward_kernel<scalar_t, off_t, false, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }
@@ -337,10 +360,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(const char* op, bool
                                                             const at::Tensor& multiplier, double negative_slope,
                                                             at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                             at::IntArrayRef padding, at::IntArrayRef dilation,
-                                                            bool ceil_mode, std::optional<double> negative_slope2) {
+                                                            bool ceil_mode, std::optional<double> negative_slope2,
+                                                            const std::optional<at::Tensor>& bias = std::nullopt) {
   // The shared checks first: they name a device mismatch between input and multiplier.
   const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
-                                          negative_slope, negative_slope2);
+                                          negative_slope, negative_slope2, bias);
   TORCH_CHECK_VALUE(input.is_cuda(), op, ": CUDA kernel called with input on device ", input.device());
   const PoolGeometry& g = f.g;
   const c10::cuda::OptionalCUDAGuard guard(input.device());
@@ -380,10 +404,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_with_offsets_cuda(
                       padding, dilation, ceil_mode, negative_slope2);
 }
 
+at::Tensor post_pool_bias_cuda(const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier,
+                               double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                               std::optional<double> negative_slope2) {
+  return std::get<0>(forward_cuda("fused::post_pool_bias", false, input, multiplier, negative_slope, kernel_size,
+                                  stride, padding, dilation, ceil_mode, negative_slope2, bias));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_with_offsets_cuda(
+    const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier, double negative_slope,
+    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    bool ceil_mode, std::optional<double> negative_slope2) {
+  return forward_cuda("fused::post_pool_bias_with_offsets", true, input, multiplier, negative_slope, kernel_size,
+                      stride, padding, dilation, ceil_mode, negative_slope2, bias);
+}
+
 template <typename scalar_t, typename off_t, bool CL>
 void launch_backward(const PoolGeometry& g, const at::Tensor& go, const at::Tensor& sel, const at::Tensor& off,
                      const at::Tensor& mflat, double s1d, double s2d, const at::Tensor& grad_input,
-                     const at::Tensor& contrib, cudaStream_t stream) {
+                     const at::Tensor& contrib, const at::Tensor& bias, const at::Tensor& contrib_bias,
+                     cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const scalar_t* gop = go.const_data_ptr<scalar_t>();
@@ -392,39 +433,46 @@ void launch_backward(const PoolGeometry& g, const at::Tensor& go, const at::Tens
   const scalar_t* mp = mflat.const_data_ptr<scalar_t>();
   const int64_t ms = mflat.numel() == 1 ? 0 : 1;
   scalar_t* gi = grad_input.mutable_data_ptr<scalar_t>();
+  const scalar_t* bp = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
+  acc_t* cb = contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr;
   const dim3 grid_out(static_cast<unsigned>(num_blocks(g.output_numel())));
   if (g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2) {
     if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) {
       grad_input.zero_();  // elements past the last window get no gradient
     }
     post_pool_backward_tiled2_kernel<scalar_t, off_t, CL><<<grid_out, kThreads, 0, stream>>>(
-        gop, sp, op, mp, ms, g, input_strides(g), s1, s2, gi, contrib.mutable_data_ptr<acc_t>());
+        gop, sp, op, mp, ms, g, input_strides(g), s1, s2, gi, contrib.mutable_data_ptr<acc_t>(), bp, cb);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   const dim3 grid_in(static_cast<unsigned>(num_blocks(g.input_numel())));
-  post_pool_grad_input_kernel<scalar_t, off_t, CL, 0><<<grid_in, kThreads, 0, stream>>>(gop, sp, op, mp, ms, g, s1, s2, gi);
+  post_pool_grad_input_kernel<scalar_t, off_t, CL, 0><<<grid_in, kThreads, 0, stream>>>(gop, sp, op, mp, ms, g, s1, s2, gi, bp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   post_pool_grad_multiplier_kernel<scalar_t, off_t, CL><<<grid_out, kThreads, 0, stream>>>(
-      gop, sp, op, mp, ms, g, s1, s2, contrib.mutable_data_ptr<acc_t>());
+      gop, sp, op, mp, ms, g, s1, s2, contrib.mutable_data_ptr<acc_t>(), bp, cb);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-std::tuple<at::Tensor, at::Tensor> post_pool_backward_cuda(
-    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
-    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool channels_last) {
+// Shared by post_pool_backward and post_pool_bias_backward; grad_bias is undefined without a bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+    const char* op, const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor* bias, const at::Tensor& multiplier, double negative_slope,
+    std::optional<double> negative_slope2, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
   const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
                                                        kernel_size, stride, padding, dilation, channels_last);
-  TORCH_CHECK_VALUE(grad_output.is_cuda(), "fused::post_pool_backward: CUDA kernel called with grad_output on device ",
+  if (bias != nullptr) check_bias(op, *bias, g.C, grad_output.scalar_type(), grad_output.device());
+  TORCH_CHECK_VALUE(grad_output.is_cuda(), op, ": CUDA kernel called with grad_output on device ",
                     grad_output.device());
   const c10::cuda::OptionalCUDAGuard guard(grad_output.device());
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
   const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
-  at::Tensor contrib = at::empty(grad_output.sizes(), grad_output.options().dtype(acc_dtype).memory_format(fmt));
+  const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
+  at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
+  at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
+  const at::Tensor bflat = bias != nullptr ? bias->contiguous() : at::Tensor();
   if (!g.empty()) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
@@ -433,9 +481,11 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cuda(
       auto run = [&](auto off_tag) {
         using off_t = decltype(off_tag);
         if (channels_last) {
-          launch_backward<scalar_t, off_t, true>(g, go, sel, off, mflat, s1, s2, grad_input, contrib, stream);
+          launch_backward<scalar_t, off_t, true>(g, go, sel, off, mflat, s1, s2, grad_input, contrib, bflat,
+                                                 contrib_bias, stream);
         } else {
-          launch_backward<scalar_t, off_t, false>(g, go, sel, off, mflat, s1, s2, grad_input, contrib, stream);
+          launch_backward<scalar_t, off_t, false>(g, go, sel, off, mflat, s1, s2, grad_input, contrib, bflat,
+                                                  contrib_bias, stream);
         }
       };
       if (off.scalar_type() == at::kByte) {
@@ -444,8 +494,32 @@ std::tuple<at::Tensor, at::Tensor> post_pool_backward_cuda(
         run(int32_t{});
       }
     });
+  } else if (contrib_bias.defined()) {
+    contrib_bias.zero_();
   }
-  return {grad_input, reduce_grad_multiplier(contrib, multiplier)};
+  at::Tensor grad_bias = bias != nullptr ? reduce_grad_multiplier(contrib_bias, *bias) : at::Tensor();
+  return {grad_input, grad_bias, reduce_grad_multiplier(contrib, multiplier)};
+}
+
+std::tuple<at::Tensor, at::Tensor> post_pool_backward_cuda(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  auto r = backward_cuda("fused::post_pool_backward", grad_output, selected, offsets, nullptr, multiplier,
+                         negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
+                         channels_last);
+  return {std::get<0>(r), std::get<2>(r)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_backward_cuda(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets, const at::Tensor& bias,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  return backward_cuda("fused::post_pool_bias_backward", grad_output, selected, offsets, &bias, multiplier,
+                       negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
+                       channels_last);
 }
 
 }  // namespace
@@ -455,4 +529,7 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("post_pool", &fused::post_pool_cuda);
   m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_cuda);
   m.impl("post_pool_backward", &fused::post_pool_backward_cuda);
+  m.impl("post_pool_bias", &fused::post_pool_bias_cuda);
+  m.impl("post_pool_bias_with_offsets", &fused::post_pool_bias_with_offsets_cuda);
+  m.impl("post_pool_bias_backward", &fused::post_pool_bias_backward_cuda);
 }

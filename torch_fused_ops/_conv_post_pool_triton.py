@@ -1,0 +1,424 @@
+"""Triton kernel: ConvTranspose3d(k=3, s=2, p=1) -> LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d(2, 2).
+
+The chain of KernelBench level 2 problem 74. With stride 2 and padding 1, conv output o = 2*i - 1 + k, so the
+pool window q (per dim) holds conv outputs 2q ("phase 0": tap k=1 of input q) and 2q+1 ("phase 1": tap k=2 of
+input q plus tap k=0 of input q+1). Every pooled output therefore depends only on the 2x2x2 input neighbourhood
+x[q..q+1] of each dim, and the 8 phases together use each of the 27 taps exactly once. One program computes
+BM pooled positions x BN output channels: it forms each phase's conv output as a sum of [BM, Cin] @ [Cin, BN]
+dots, applies the epilogue, and keeps max_pool3d's running selection, so the conv output never touches memory.
+
+This module is self-contained (torch + triton only) so that benchmarks can load it from its file without the
+package's compiled extension. Importing it does not need a GPU; under TRITON_INTERPRET=1 (set before the
+import) the kernel runs on CPU tensors through the Triton interpreter.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["fused_path_applies", "conv_transpose3d_post_pool_triton", "output_memory_format", "last_config"]
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_SUPPORTED_DTYPES = (torch.float32, *_HALF_DTYPES)
+
+# Largest K (input channel) and N (output channel) chunk one dot works on. Beyond these the per-program
+# register/shared-memory footprint (8 held neighbour tiles, several [BM, BN] fp32 tiles) gets too large, so the
+# kernel loops over Cin chunks and the grid's second axis tiles Cout. Module-level so tests can shrink them to
+# exercise the chunked paths on small channel counts.
+_MAX_BK = 64
+_MAX_BN = 64
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------
+@triton.jit
+def _pick2(a, b, i: tl.constexpr):
+    # Compile-time selection: Triton has no indexable list of tensors that works across 3.5-3.8 and the
+    # interpreter alike, so the 8 held neighbour tiles are chosen through nested constexpr branches.
+    if i == 0:
+        r = a
+    else:
+        r = b
+    return r
+
+
+@triton.jit
+def _pick8(x000, x001, x010, x011, x100, x101, x110, x111, ad: tl.constexpr, ah: tl.constexpr, aw: tl.constexpr):
+    lo = _pick2(_pick2(x000, x001, aw), _pick2(x010, x011, aw), ah)
+    hi = _pick2(_pick2(x100, x101, aw), _pick2(x110, x111, aw), ah)
+    return _pick2(lo, hi, ad)
+
+
+@triton.jit
+def _x_tile(x_ptr, base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, k0, Cin,
+            AD: tl.constexpr, AH: tl.constexpr, AW: tl.constexpr, BK: tl.constexpr):
+    # Neighbour q+1 past the input edge is the conv's implicit zero (only phase 1 of the last window with
+    # output_padding=1 reaches it), so it is masked to 0 rather than clamped.
+    ok = row_ok & (qd + AD < D) & (qh + AH < H) & (qw + AW < W)
+    ck = k0 + tl.arange(0, BK)
+    ptrs = x_ptr + (base + AD * sxd + AH * sxh + AW * sxw)[:, None] + ck.to(tl.int64)[None, :] * sxc
+    return tl.load(ptrs, mask=ok[:, None] & (ck < Cin)[None, :], other=0.0)
+
+
+@triton.jit
+def _w_tile(w_ptr, TAP: tl.constexpr, k0, cn, CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr):
+    # The packed weight is zero padded to [27, CIN_P, COUT_P], so no mask is needed: padded rows meet masked
+    # (zero) x columns and padded columns are never stored.
+    ck = k0 + tl.arange(0, BK)
+    return tl.load(w_ptr + TAP * (CIN_P * COUT_P) + ck[:, None] * COUT_P + cn[None, :])
+
+
+@triton.jit
+def _mma(a, b, acc, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
+    if IS_FP32:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    elif SOFT_BF16:
+        # The interpreter multiplies bf16 tiles as their raw uint16 storage; bf16 products are exact in fp32,
+        # so upcasting gives the same fp32-accumulated result a tensor core would.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+# Per dim, phase 0 has one tap (k=1, neighbour 0) and phase 1 two: t=0 -> (k=2, neighbour 0), t=1 -> (k=0,
+# neighbour 1); hence k = 1 + phase - 2*t and neighbour = t. Tap index into the packed weight: kd*9 + kh*3 + kw.
+@triton.jit
+def _phase_acc_held(x000, x001, x010, x011, x100, x101, x110, x111, w_ptr, cn,
+                    PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                    CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for td in tl.static_range(PD + 1):
+        for th in tl.static_range(PH + 1):
+            for tw in tl.static_range(PW + 1):
+                xt = _pick8(x000, x001, x010, x011, x100, x101, x110, x111, td, th, tw)
+                wt = _w_tile(w_ptr, (1 + PD - 2 * td) * 9 + (1 + PH - 2 * th) * 3 + (1 + PW - 2 * tw), 0, cn,
+                             CIN_P, COUT_P, BK)
+                acc = _mma(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
+    return acc
+
+
+@triton.jit
+def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
+                       PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                       CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # Cin larger than one chunk: holding 8 neighbour tiles of all of Cin would not fit, so each tap reloads its
+    # chunk (the repeats within a phase hit L1).
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, Cin, BK):
+        for td in tl.static_range(PD + 1):
+            for th in tl.static_range(PH + 1):
+                for tw in tl.static_range(PW + 1):
+                    xt = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, k0, Cin,
+                                 td, th, tw, BK)
+                    wt = _w_tile(w_ptr, (1 + PD - 2 * td) * 9 + (1 + PH - 2 * th) * 3 + (1 + PW - 2 * tw), k0, cn,
+                                 CIN_P, COUT_P, BK)
+                    acc = _mma(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
+    return acc
+
+
+@triton.jit
+def _round_to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # Returns v rounded (nearest-even) to the I/O dtype but kept in fp32 for the epilogue.
+    if SOFT_BF16:
+        # The interpreter's fp32 -> bf16 cast truncates; round in integer arithmetic instead (NaN kept as is,
+        # overflow past the largest bf16 correctly becomes inf).
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        r = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
+    else:
+        r = v.to(IO_DTYPE).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    if SOFT_BF16:
+        # Already representable after the rounding, so the interpreter's truncating cast is exact.
+        r = _round_to_io(v, IO_DTYPE, SOFT_BF16).to(IO_DTYPE)
+    else:
+        r = v.to(IO_DTYPE)
+    return r
+
+
+@triton.jit
+def _conv_t3d_post_pool_kernel(
+    x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr,
+    s1, s2,
+    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+    sxn, sxc, sxd, sxh, sxw,
+    son, soc, sod, soh, sow,
+    sb, sm,
+    CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr, IS_FP32: tl.constexpr, IS_HALF: tl.constexpr,
+    PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
+    BM: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    io_dtype = out_ptr.dtype.element_ty
+
+    # Rows are flattened pooled positions (n, qd, qh, qw), qw fastest, so neighbouring rows read neighbouring
+    # input columns; int32 suffices for the position index (the host checks n_pos < 2**31), addresses are int64.
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < n_pos
+    qw = rows % Wp
+    t = rows // Wp
+    qh = t % Hp
+    t = t // Hp
+    qd = t % Dp
+    n = t // Dp
+    x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
+
+    cn = pid_n * BN + tl.arange(0, BN)
+    cn_ok = cn < Cout
+    mult = tl.load(m_ptr + cn * sm, mask=cn_ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cn * sb, mask=cn_ok, other=0.0).to(tl.float32)
+
+    SINGLE_K: tl.constexpr = BK == CIN_P
+    if SINGLE_K:
+        # All of Cin fits one chunk: load the 2x2x2 neighbourhood once and reuse it across the 27 taps.
+        x000 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 0, 0, 0, BK)
+        x001 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 0, 0, 1, BK)
+        x010 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 0, 1, 0, BK)
+        x011 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 0, 1, 1, BK)
+        x100 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 0, 0, BK)
+        x101 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 0, 1, BK)
+        x110 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 1, 0, BK)
+        x111 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 1, 1, BK)
+
+    best = tl.full([BM, BN], float("-inf"), tl.float32)
+    sel = tl.zeros([BM, BN], dtype=tl.float32)
+    off = tl.zeros([BM, BN], dtype=tl.int32)
+    # Phase p = pd*4 + ph*2 + pw is also max_pool3d's scan order within the window (d-major), which the
+    # selection below relies on for ties and NaNs.
+    for p in tl.static_range(8):
+        if SINGLE_K:
+            acc = _phase_acc_held(x000, x001, x010, x011, x100, x101, x110, x111, w_ptr, cn,
+                                  p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION, SOFT_BF16)
+        else:
+            acc = _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
+                                     p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION,
+                                     SOFT_BF16)
+        y = acc
+        if HAS_BIAS:
+            y = y + bias[None, :]
+        if IS_HALF:
+            # A real half-precision conv would have stored y in the I/O dtype; the epilogue sees that value.
+            y = _round_to_io(y, io_dtype, SOFT_BF16)
+        v = tl.where(y > 0, y, y * s1)
+        v = v * mult[None, :]
+        e = tl.where(v > 0, v, v * s2)
+        if p == 0:
+            # max_pool3d starts from -inf with the index at the window's first element, so phase 0 is the
+            # selection whatever its value (it would only be "not taken" when equal to -inf, same state).
+            best = e
+            sel = y
+        else:
+            # max_pool3d's rule: strictly greater replaces (ties keep the first), any NaN replaces (last NaN wins).
+            take = (e > best) | (e != e)
+            best = tl.where(take, e, best)
+            sel = tl.where(take, y, sel)
+            off = tl.where(take, p, off)
+
+    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
+    o_ptrs = o_row[:, None] + cn.to(tl.int64)[None, :] * soc
+    o_mask = row_ok[:, None] & cn_ok[None, :]
+    tl.store(out_ptr + o_ptrs, _to_io(best, io_dtype, SOFT_BF16), mask=o_mask)
+    if WITH_OFFSETS:
+        tl.store(sel_ptr + o_ptrs, _to_io(sel, io_dtype, SOFT_BF16), mask=o_mask)
+        tl.store(off_ptr + o_ptrs, off.to(tl.uint8), mask=o_mask)
+
+
+def _interpreting() -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - layout of older/newer Triton
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    return isinstance(_conv_t3d_post_pool_kernel, InterpretedFunction)
+
+
+_INTERPRET = _interpreting()
+
+if _INTERPRET:
+    # Autotuning times candidates with the CUDA driver, which the interpreter does not have; one config
+    # (and no benchmarking) keeps the same launch path. A small BM gives tests several programs and a tail.
+    _CONFIGS = [triton.Config({"BM": 32}, num_warps=4)]
+else:
+    _CONFIGS = [
+        triton.Config({"BM": 32}, num_warps=4),
+        triton.Config({"BM": 64}, num_warps=4),
+        triton.Config({"BM": 64}, num_warps=8),
+        triton.Config({"BM": 128}, num_warps=4),
+        triton.Config({"BM": 128}, num_warps=8),
+    ]
+
+# n_pos is in the key because the best BM depends on how many programs fill the GPU (batch 1 vs 16); it costs
+# one tuning round per distinct pooled size. Every candidate writes the same outputs, so no reset is needed.
+_kernel = triton.autotune(
+    configs=_CONFIGS,
+    key=["n_pos", "CIN_P", "COUT_P", "BK", "BN", "HAS_BIAS", "WITH_OFFSETS", "IS_FP32", "PRECISION"],
+)(_conv_t3d_post_pool_kernel)
+
+
+def last_config():
+    """The autotuner's most recently used config (None before the first launch)."""
+    return getattr(_kernel, "best_config", None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------
+def _as3(value) -> list[int] | None:
+    """An int or a 1-/3-sequence of ints as three ints; None when it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return [value] * 3
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        vals = list(value)
+        if len(vals) in (1, 3) and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            return vals * 3 if len(vals) == 1 else vals
+    return None
+
+
+def fused_path_applies(x, weight, stride, padding, output_padding, groups, dilation, pool_kernel, pool_stride,
+                       pool_padding, pool_dilation, ceil_mode) -> bool:
+    """Whether conv_transpose3d(...) -> max_pool3d(...) with these arguments is the configuration this kernel
+    computes. Never raises: an unexpected argument type only means "not this path"."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return False
+    if x.dim() != 5 or x.dtype not in _SUPPORTED_DTYPES or weight.dtype != x.dtype:
+        return False
+    if not (x.is_cuda or _INTERPRET) or weight.device != x.device:
+        return False
+    if weight.dim() != 5 or tuple(weight.shape[2:]) != (3, 3, 3) or weight.shape[0] != x.shape[1]:
+        return False
+    if _as3(stride) != [2, 2, 2] or _as3(padding) != [1, 1, 1] or _as3(dilation) != [1, 1, 1]:
+        return False
+    op = _as3(output_padding)
+    if op is None or any(v not in (0, 1) for v in op):
+        return False
+    if isinstance(groups, bool) or groups != 1:
+        return False
+    if _as3(pool_kernel) != [2, 2, 2]:
+        return False
+    # max_pool3d's stride defaults to the kernel size when omitted (None or an empty list).
+    if pool_stride is not None and not (isinstance(pool_stride, Sequence) and len(pool_stride) == 0):
+        if _as3(pool_stride) != [2, 2, 2]:
+            return False
+    if _as3(pool_padding) != [0, 0, 0] or _as3(pool_dilation) != [1, 1, 1]:
+        return False
+    return ceil_mode is False or (isinstance(ceil_mode, int | bool) and not ceil_mode)
+
+
+def output_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The layout torch's suggest_memory_format picks for a 5-D tensor, used for all outputs."""
+    if x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous():
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    # tl.dot needs every dim >= 16 and power-of-two block shapes.
+    return max(floor, triton.next_power_of_2(max(n, 1)))
+
+
+def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dtype) -> torch.Tensor:
+    """[Cin, Cout, 3, 3, 3] -> zero-padded [27, CIN_P, COUT_P], tap index kd*9 + kh*3 + kw."""
+    cin, cout = weight.shape[0], weight.shape[1]
+    packed = torch.zeros((27, cin_p, cout_p), device=weight.device, dtype=dtype)
+    packed[:, :cin, :cout].copy_(weight.permute(2, 3, 4, 0, 1).reshape(27, cin, cout))
+    return packed
+
+
+def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                      multiplier_1d: torch.Tensor, negative_slope: float, negative_slope2: float,
+                                      output_padding, allow_tf32: bool, with_offsets: bool):
+    """max_pool3d(leaky(leaky(conv_transpose3d(x, weight, bias, stride=2, padding=1, output_padding), s1) * m, s2),
+    kernel 2, stride 2).
+
+    Returns ``out`` or, with ``with_offsets``, ``(out, selected, offsets)``: ``selected`` is the conv output
+    (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
+    offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
+    """
+    if x.dim() != 5:
+        raise ValueError(f"expected a 5-D input (N, C, D, H, W), got shape {list(x.shape)}")
+    if x.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"expected float16, bfloat16 or float32 input, got {x.dtype}")
+    if not (x.is_cuda or _INTERPRET):
+        raise ValueError("the Triton kernel needs a CUDA tensor (or TRITON_INTERPRET=1 set before import)")
+    N, Cin, D, H, W = x.shape
+    if weight.dim() != 5 or tuple(weight.shape[2:]) != (3, 3, 3) or weight.shape[0] != Cin:
+        raise ValueError(f"expected weight of shape [{Cin}, Cout, 3, 3, 3], got {list(weight.shape)}")
+    Cout = weight.shape[1]
+    for name, t in (("weight", weight), ("bias", bias), ("multiplier", multiplier_1d)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} must equal the input dtype {x.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, the input on {x.device}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != Cout):
+        raise ValueError(f"expected bias of shape [{Cout}], got {list(bias.shape)}")
+    if multiplier_1d.numel() != Cout:
+        raise ValueError(f"expected {Cout} multiplier elements (one per output channel), got {multiplier_1d.numel()}")
+    mult = multiplier_1d.reshape(Cout)
+    op = _as3(output_padding)
+    if op is None or any(v not in (0, 1) for v in op):
+        raise ValueError(f"output_padding must be 0 or 1 per dim, got {output_padding}")
+    if N > 0 and Cin > 0 and min(D, H, W) == 0:
+        raise ValueError(f"input spatial dims must be non-empty, got shape {list(x.shape)}")
+
+    Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
+    shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wp, 0))
+    fmt = output_memory_format(x)
+    out = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+    if with_offsets:
+        selected = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+        offsets = torch.empty(shape, device=x.device, dtype=torch.uint8, memory_format=fmt)
+    result = (out, selected, offsets) if with_offsets else out
+    if out.numel() == 0:
+        return result
+
+    n_pos = N * Dp * Hp * Wp
+    if n_pos >= 2**31:
+        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
+    cin_p = _pow2_at_least(Cin, 16)
+    cout_p = _pow2_at_least(Cout, 16)
+    bk = min(cin_p, _pow2_at_least(_MAX_BK, 16))
+    bn = min(cout_p, _pow2_at_least(_MAX_BN, 16))
+    w_packed = _pack_weight(weight, cin_p, cout_p, x.dtype)
+    is_fp32 = x.dtype == torch.float32
+    soft_bf16 = _INTERPRET and x.dtype == torch.bfloat16
+
+    def grid(meta):
+        return (triton.cdiv(n_pos, meta["BM"]), cout_p // bn)
+
+    # The selected/offsets buffers share out's strides (same shape and layout), so one set is passed; without
+    # offsets, out stands in for the unused pointers (never written: WITH_OFFSETS is a constexpr).
+    sel_arg, off_arg = (selected, offsets) if with_offsets else (out, out)
+    b_arg, sb = (bias, bias.stride(0)) if bias is not None else (mult, 0)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _kernel[grid](
+            x, w_packed, b_arg, mult, out, sel_arg, off_arg,
+            float(negative_slope), float(negative_slope2),
+            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+            *x.stride(),
+            *out.stride(),
+            sb, mult.stride(0),
+            CIN_P=cin_p, COUT_P=cout_p, BK=bk, BN=bn,
+            HAS_BIAS=bias is not None, WITH_OFFSETS=bool(with_offsets), IS_FP32=is_fp32,
+            IS_HALF=not is_fp32, PRECISION="tf32" if (is_fp32 and allow_tf32) else "ieee", SOFT_BF16=soft_bf16,
+        )
+    return result
+
