@@ -21,10 +21,11 @@ except ImportError as e:  # pragma: no cover - depends on the build
 __version__ = "0.1.0"
 
 from .ops import post_pool, reference_post_pool  # noqa: E402
+from .conv_ops import conv_transpose3d_post_pool  # noqa: E402
 from ._install import disable, enable, fusion_enabled, install, is_enabled, matched_count  # noqa: E402
 
 __all__ = [
-    "post_pool", "reference_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
+    "post_pool", "reference_post_pool", "conv_transpose3d_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
     "matched_count", "__version__",
 ]
 

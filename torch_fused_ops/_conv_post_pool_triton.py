@@ -21,17 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_path_applies", "conv_transpose3d_post_pool_triton", "output_memory_format", "last_config"]
+__all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config", "output_memory_format"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SUPPORTED_DTYPES = (torch.float32, *_HALF_DTYPES)
 
-# Largest K (input channel) and N (output channel) chunk one dot works on. Beyond these the per-program
-# register/shared-memory footprint (8 held neighbour tiles, several [BM, BN] fp32 tiles) gets too large, so the
-# kernel loops over Cin chunks and the grid's second axis tiles Cout. Module-level so tests can shrink them to
-# exercise the chunked paths on small channel counts.
+# Largest K (input channel) and N (output channel) chunk one program works on. Register pressure, not
+# correctness, sets them: each program keeps several [BM, BN] fp32 tiles (accumulator, running max, selection)
+# plus the 8 held [BM, BK] neighbour tiles, and offline sm_90 compiles spilled with BN = 64 where BN = 32 did
+# not. Beyond BK the kernel loops over Cin chunks; beyond BN the grid's second axis tiles Cout. Module-level so
+# tests can shrink them to exercise the chunked paths on small channel counts.
 _MAX_BK = 64
-_MAX_BN = 64
+_MAX_BN = 32
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -39,8 +40,8 @@ _MAX_BN = 64
 # ----------------------------------------------------------------------------------------------------------
 @triton.jit
 def _pick2(a, b, i: tl.constexpr):
-    # Compile-time selection: Triton has no indexable list of tensors that works across 3.5-3.8 and the
-    # interpreter alike, so the 8 held neighbour tiles are chosen through nested constexpr branches.
+    # Compile-time selection: Triton code cannot index a list of tensors (tuple indexing is recent), so the 8
+    # held neighbour tiles are chosen through nested constexpr branches, which cost nothing after compilation.
     if i == 0:
         r = a
     else:
@@ -110,8 +111,8 @@ def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh
                        PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
                        CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
-    # Cin larger than one chunk: holding 8 neighbour tiles of all of Cin would not fit, so each tap reloads its
-    # chunk (the repeats within a phase hit L1).
+    # Cin larger than one chunk: holding 8 neighbour tiles of all of Cin would not fit in registers, so each tap
+    # reloads its chunk; the repeated loads of a neighbour within a phase should be cache hits.
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, Cin, BK):
         for td in tl.static_range(PD + 1):
@@ -254,12 +255,11 @@ if _INTERPRET:
     # (and no benchmarking) keeps the same launch path. A small BM gives tests several programs and a tail.
     _CONFIGS = [triton.Config({"BM": 32}, num_warps=4)]
 else:
+    # num_stages=1: the only runtime loop is the Cin-chunk loop, and software-pipelining it multi-buffers every
+    # tap's tiles of all 8 phases (an offline fp32 Cin=128 compile asked for 768 KiB of shared memory).
     _CONFIGS = [
-        triton.Config({"BM": 32}, num_warps=4),
-        triton.Config({"BM": 64}, num_warps=4),
-        triton.Config({"BM": 64}, num_warps=8),
-        triton.Config({"BM": 128}, num_warps=4),
-        triton.Config({"BM": 128}, num_warps=8),
+        triton.Config({"BM": bm}, num_warps=nw, num_stages=1)
+        for bm, nw in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
     ]
 
 # n_pos is in the key because the best BM depends on how many programs fill the GPU (batch 1 vs 16); it costs
@@ -313,9 +313,9 @@ def fused_path_applies(x, weight, stride, padding, output_padding, groups, dilat
     if _as3(pool_kernel) != [2, 2, 2]:
         return False
     # max_pool3d's stride defaults to the kernel size when omitted (None or an empty list).
-    if pool_stride is not None and not (isinstance(pool_stride, Sequence) and len(pool_stride) == 0):
-        if _as3(pool_stride) != [2, 2, 2]:
-            return False
+    stride_omitted = pool_stride is None or (isinstance(pool_stride, Sequence) and len(pool_stride) == 0)
+    if not stride_omitted and _as3(pool_stride) != [2, 2, 2]:
+        return False
     if _as3(pool_padding) != [0, 0, 0] or _as3(pool_dilation) != [1, 1, 1]:
         return False
     return ceil_mode is False or (isinstance(ceil_mode, int | bool) and not ceil_mode)
@@ -334,10 +334,19 @@ def _pow2_at_least(n: int, floor: int) -> int:
 
 
 def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dtype) -> torch.Tensor:
-    """[Cin, Cout, 3, 3, 3] -> zero-padded [27, CIN_P, COUT_P], tap index kd*9 + kh*3 + kw."""
+    """[Cin, Cout, 3, 3, 3] -> zero-padded contiguous [27, CIN_P, COUT_P], tap index kd*9 + kh*3 + kw.
+
+    Repacked on every call: a cache keyed on the weight tensor would go stale on in-place edits that bypass the
+    version counter (``w.data.copy_``) and would outlive CUDA-graph captures that reference it. Without padding
+    (power-of-two channel counts >= 16, as in the KernelBench shape) it is one copy kernel.
+    """
     cin, cout = weight.shape[0], weight.shape[1]
+    # detach: the kernel is forward-only; packing must not record autograd history.
+    taps = weight.detach().permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
+    if cin == cin_p and cout == cout_p:
+        return taps.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
     packed = torch.zeros((27, cin_p, cout_p), device=weight.device, dtype=dtype)
-    packed[:, :cin, :cout].copy_(weight.permute(2, 3, 4, 0, 1).reshape(27, cin, cout))
+    packed[:, :cin, :cout].copy_(taps)
     return packed
 
 

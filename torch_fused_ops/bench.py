@@ -137,16 +137,17 @@ def bench_model(device, reps, use_compile=True):
     rows = []
     from torch_fused_ops import fusion_pass
 
-    variants = [("eager", None, "off")]
+    variants = [("eager", None, None)]
     if use_compile:
-        # "pass on" uses the package's default settings; the last row isolates what the conv-bias fold buys.
-        variants += [("torch.compile, pass off", False, "off"), ("torch.compile, pass on", True, None),
-                     ("torch.compile, pass on, bias fold off", True, "off")]
-    default_fold = fusion_pass.FOLD_CONV_BIAS
-    for name, use_pass, fold in variants:
+        # "pass on" uses the package's default settings; the last row leaves the convolution out of the fused op
+        # (fused.post_pool with the conv bias folded in, as on devices where the fused convolution doesn't apply).
+        variants += [("torch.compile, pass off", False, None), ("torch.compile, pass on", True, None),
+                     ("torch.compile, pass on, conv not fused", True, "off")]
+    default_fold, default_conv = fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE
+    for name, use_pass, conv_setting in variants:
         torch._dynamo.reset()
         before = torch_fused_ops.matched_count()
-        fusion_pass.FOLD_CONV_BIAS = default_fold if fold is None else fold
+        fusion_pass.FUSE_CONV_TRANSPOSE = default_conv if conv_setting is None else conv_setting
         # Caches off so every compiled variant runs the pass (a cache hit would skip it and count no match).
         fresh = [torch._inductor.config.patch(fx_graph_cache=False)]
         if hasattr(torch._functorch.config, "enable_autograd_cache"):
@@ -172,7 +173,7 @@ def bench_model(device, reps, use_compile=True):
             else:
                 peak = float("nan")
             train = median_us(step, device, reps=max(3, reps // 3))
-        fusion_pass.FOLD_CONV_BIAS = default_fold
+        fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE = default_fold, default_conv
         matched = torch_fused_ops.matched_count() - before
         rows.append(dict(what="Model", impl=name, shape=list(x.shape), forward_us=fwd, train_step_us=train,
                          train_peak_MiB=peak, matched=matched))

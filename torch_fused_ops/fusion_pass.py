@@ -34,12 +34,18 @@ from torch.fx import Graph, Node
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
 _FUSED_BIAS = torch.ops.fused.post_pool_bias.default
+_FUSED_CONV = torch.ops.fused.conv_transpose3d_post_pool.default
 
 # Fold the bias of a convolution that feeds the chain into fused.post_pool_bias: "off", "cuda" (inputs on CUDA
 # only, where Inductor would otherwise peel the bias off into a separate full-resolution add) or "always".
 # "cuda" by default: on the H200 it makes the compiled Model's forward faster than without the pass (see
 # docs/performance.md); on CPU Inductor keeps the bias inside the mkldnn convolution, so folding would not help.
 FOLD_CONV_BIAS = "cuda"
+
+# Route conv_transpose3d -> chain to fused.conv_transpose3d_post_pool (one Triton kernel that never writes the
+# full-resolution convolution output) where its fused path applies: "off", "cuda" (CUDA inputs only; on CPU the op
+# would only run the same convolution and post_pool) or "always" (tests: the op's composite path on CPU).
+FUSE_CONV_TRANSPOSE = "cuda"
 
 # Convolutions whose bias can be folded: (bias position, parameter names).
 _CONV_SIGS = {
@@ -225,11 +231,52 @@ def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
     if None in (s1, s2, k, st, pad, dil) or not isinstance(ceil, bool):
         return None
     second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
+    conv = _fusable_conv_transpose(x, k, st, pad, dil, ceil)
+    if conv is not None:
+        return [*conv, m, s1, k, st, pad, dil, ceil, second], [*pool_nodes, y3, y2, y1, x], pool_nodes[0]
     bias = _foldable_conv_bias(x)
     if bias is not None:
         return [x, bias, m, s1, k, st, pad, dil, ceil, second], [*pool_nodes, y3, y2, y1], pool_nodes[0]
     args = [x, m, s1, k, st, pad, dil, ceil, second]
     return args, [*pool_nodes, y3, y2, y1], pool_nodes[0]
+
+
+def _fusable_conv_transpose(x: Node, k, st, pad, dil, ceil) -> list | None:
+    """fused.conv_transpose3d_post_pool's convolution arguments, if the conv producing `x` can join the op."""
+    if FUSE_CONV_TRANSPOSE not in ("cuda", "always") or x.op != "call_function" or x.target is not torch.conv_transpose3d:
+        return None
+    if len(x.users) != 1:
+        return None
+    names = _CONV_SIGS[x.target]
+    b = _bind(x, names, {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1})
+    if b is None or not isinstance(b["input"], Node) or not isinstance(b["weight"], Node):
+        return None
+    if b["bias"] is not None and not isinstance(b["bias"], Node):
+        return None
+    conv = [_int3(b[n]) for n in ("stride", "padding", "output_padding", "dilation")]
+    groups = b["groups"]
+    if None in conv or not isinstance(groups, int) or isinstance(groups, bool):
+        return None
+    xv, wv = _val(b["input"]), _val(b["weight"])
+    bv = _val(b["bias"]) if b["bias"] is not None else None
+    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor):
+        return None
+    if b["bias"] is not None and not isinstance(bv, torch.Tensor):
+        return None
+    if FUSE_CONV_TRANSPOSE == "cuda":
+        if xv.device.type != "cuda":
+            return None
+        from . import _conv_post_pool_triton as tri
+
+        stride, padding, output_padding, dilation = conv
+        if not tri.fused_path_applies(xv, wv, stride, padding, output_padding, groups, dilation, k,
+                                      st if st else k, pad, dil, ceil):
+            return None
+    if wv.dtype != xv.dtype or wv.device != xv.device or (bv is not None and (bv.dtype != xv.dtype or
+                                                                              bv.device != xv.device)):
+        return None
+    stride, padding, output_padding, dilation = conv
+    return [b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation]
 
 
 def _foldable_conv_bias(x: Node) -> Node | None:
@@ -272,10 +319,10 @@ def _drop_conv_bias(conv: Node) -> None:
 def _source_digest() -> str:
     """Hash of the package version and the source of this pass and of the fake/autograd code. Read once: uuid()
     runs for every compilation's cache key (and, on torch 2.11, whenever the hook's value is pickled)."""
-    from . import __version__, _geometry, ops
+    from . import __version__, _conv_post_pool_triton, _geometry, conv_ops, ops
 
     h = hashlib.sha256(__version__.encode())
-    for mod in (sys.modules[__name__], ops, _geometry):
+    for mod in (sys.modules[__name__], ops, _geometry, conv_ops, _conv_post_pool_triton):
         h.update(inspect.getsource(mod).encode())
     return h.hexdigest()
 
@@ -322,7 +369,8 @@ class PostPoolFusionPass(CustomGraphPass):
     def uuid(self) -> Any:
         # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
         # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
-        h = hashlib.sha256(f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}".encode())
+        h = hashlib.sha256(
+            f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}|fuse_conv_transpose={FUSE_CONV_TRANSPOSE}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None
@@ -345,8 +393,9 @@ def rewrite(graph: Graph) -> int:
         with_bias = len(args) == 10
         if with_bias:
             _drop_conv_bias(args[0])
+        target = _FUSED_CONV if len(args) == 16 else _FUSED_BIAS if with_bias else _FUSED
         with graph.inserting_before(anchor):
-            fused = graph.call_function(_FUSED_BIAS if with_bias else _FUSED, tuple(args))
+            fused = graph.call_function(target, tuple(args))
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
             if key in anchor.meta:
                 fused.meta[key] = anchor.meta[key]

@@ -17,7 +17,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <limits>
 #include <type_traits>
 
@@ -113,6 +116,36 @@ constexpr int vec_outputs() {
   return sizeof(scalar_t) >= 8 ? 1 : 8 / static_cast<int>(sizeof(scalar_t));
 }
 
+// NaN-propagating max/min (one instruction on sm_80+): the monotone path below must let a NaN anywhere in the
+// window through, as max_pool3d does.
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
+__device__ __forceinline__ float min_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? a + b : fminf(a, b);
+#endif
+}
+
+// Inference shortcut. With both slopes > 0 (finite) and a finite non-zero multiplier m, the epilogue
+// leaky2(leaky1(x + b) * m) is non-decreasing in x for m > 0 and non-increasing for m < 0 (every rounded step is
+// monotone, and no step can make a NaN from a non-NaN: inf * slope stays inf, finite * m cannot be 0 * inf). So
+// the max of the epilogue over a window is the epilogue of the window's max (m > 0) or min (m < 0): one max/min
+// per element instead of the whole epilogue and compare-select. The value is the same as the full scan; only
+// the sign of a zero result can differ when +0 and -0 tie in one window. Training (SAVE) needs the argmax and
+// keeps the full scan. A zero, infinite or NaN m breaks monotonicity (0 * inf = NaN), so such channels use it too.
+__device__ __forceinline__ bool monotone_multiplier(float m) { return m != 0.f && isfinite(m); }
+
 template <typename scalar_t, typename acc_t>
 struct Best {
   acc_t value;
@@ -137,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
     const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W, index_t plane, at::opmath_type<scalar_t> s1,
     at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out, scalar_t* __restrict__ sel,
-    uint8_t* __restrict__ off, const scalar_t* __restrict__ bias) {
+    uint8_t* __restrict__ off, const scalar_t* __restrict__ bias, bool monotone) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>();
   const bool has_bias = bias != nullptr;
@@ -156,6 +189,26 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
       r[q] = *reinterpret_cast<const In*>(x + base + (q >> 1) * plane + (q & 1) * W);
     }
     Pack<scalar_t, VEC> o, sv;
+    if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
+      if (monotone && monotone_multiplier(m)) {  // uniform per row: m is one channel's
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          acc_t hi = static_cast<acc_t>(r[0].v[2 * j]), lo = hi;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+#pragma unroll
+            for (int e = (q == 0); e < 2; ++e) {
+              const acc_t v = static_cast<acc_t>(r[q].v[2 * j + e]);
+              hi = max_nan(hi, v);
+              lo = min_nan(lo, v);
+            }
+          }
+          o.v[j] = static_cast<scalar_t>(epilogue(pre_activation(m > 0 ? hi : lo, b, has_bias), m, s1, s2));
+        }
+        *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+        continue;
+      }
+    }
     Pack<uint8_t, VEC> ov;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -184,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t Cv, index_t C, index_t OW, index_t OH, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2,
     scalar_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off,
-    const scalar_t* __restrict__ bias) {
+    const scalar_t* __restrict__ bias, bool monotone) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>() * 2;  // 16 bytes of channels per tap
   using In = Pack<scalar_t, VEC>;
@@ -204,16 +257,41 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     acc_t bv[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) bv[j] = has_bias ? static_cast<acc_t>(bias[c + j]) : acc_t(0);
+    // All eight taps are loaded before any arithmetic so that each thread has 128 bytes in flight.
+    In r[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      r[t] = *reinterpret_cast<const In*>(x + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw);
+    }
+    Pack<scalar_t, VEC> o, sv;
+    if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
+      bool all_monotone = monotone;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) all_monotone = all_monotone && monotone_multiplier(m[j]);
+      if (all_monotone) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          acc_t hi = static_cast<acc_t>(r[0].v[j]), lo = hi;
+#pragma unroll
+          for (int t = 1; t < 8; ++t) {
+            const acc_t v = static_cast<acc_t>(r[t].v[j]);
+            hi = max_nan(hi, v);
+            lo = min_nan(lo, v);
+          }
+          o.v[j] = static_cast<scalar_t>(epilogue(pre_activation(m[j] > 0 ? hi : lo, bv[j], has_bias), m[j], s1, s2));
+        }
+        *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+        continue;
+      }
+    }
     Best<scalar_t, acc_t> best[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) best[j].init();
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      const In r = *reinterpret_cast<const In*>(x + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) best[j].take(r.v[j], m[j], s1, s2, bv[j], has_bias, static_cast<uint8_t>(t));
+      for (int j = 0; j < VEC; ++j) best[j].take(r[t].v[j], m[j], s1, s2, bv[j], has_bias, static_cast<uint8_t>(t));
     }
-    Pack<scalar_t, VEC> o, sv;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       o.v[j] = static_cast<scalar_t>(best[j].value);
@@ -254,6 +332,8 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
     uint8_t* op = SAVE ? off.mutable_data_ptr<uint8_t>() : nullptr;
     const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
     const bool small = g.input_numel() < (int64_t(1) << 31);
+    // Slopes > 0 and finite make the epilogue monotone (see monotone_multiplier); the kernels check m per channel.
+    const bool monotone = f.s1 > 0 && f.s2 > 0 && std::isfinite(f.s1) && std::isfinite(f.s2);
     if (!g.channels_last) {
       constexpr int VEC = vec_outputs<scalar_t>();
       if (g.OW % VEC != 0) return false;
@@ -264,7 +344,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
         post_pool_forward_tiled2_ncdhw_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.OW / VEC),
             static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C),
-            static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op, bp);
+            static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op, bp, monotone);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       small ? go(int32_t{}) : go(int64_t{});
@@ -277,7 +357,8 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
         using index_t = decltype(idx);
         post_pool_forward_tiled2_ndhwc_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.C / VEC),
-            static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op, bp);
+            static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op, bp,
+            monotone);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       small ? go(int32_t{}) : go(int64_t{});
@@ -317,6 +398,235 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_kernel(
     for (int t = 0; t < 8; ++t) {
       base[(t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w] = t == tap ? gx : scalar_t(0);
     }
+  }
+}
+
+// ---- backward fast path: 2x2x2 windows tiling the whole input ---------------------------------------------
+// One thread per pack of VEC outputs (contiguous: VEC neighbours along W; channels_last: VEC neighbouring
+// channels), so every window row it writes is one 16-byte store. The multiplier (and bias) gradient is reduced
+// in the kernel, deterministically: each thread sums its VEC outputs in order, then, where a warp's 32 packs are
+// known to share channels (WARP), a fixed xor-butterfly reduces over the warp and one lane writes the result;
+// the host sums the partials in a fixed order. No atomics, so the gradient is the same bits run to run.
+
+// Sums v over lanes whose lane index differs only in bits >= `from` (the lanes holding the same channels).
+__device__ __forceinline__ float warp_sum_from(float v, int from) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) {
+    if (o >= from) v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+template <typename scalar_t>
+struct BwdArgs {
+  const scalar_t* go;
+  const scalar_t* sel;
+  const uint8_t* off;
+  const scalar_t* mflat;
+  const scalar_t* bias;
+  scalar_t* gi;
+  at::opmath_type<scalar_t>* contrib;       // multiplier partials
+  at::opmath_type<scalar_t>* contrib_bias;  // bias partials (null without a bias)
+  bool per_channel;
+  at::opmath_type<scalar_t> s1, s2;
+};
+
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t go, scalar_t sel, acc_t m, acc_t b,
+                                          scalar_t& gx, acc_t& cm, acc_t& cb) {
+  const bool has_bias = a.bias != nullptr;
+  const acc_t x = pre_activation(static_cast<acc_t>(sel), b, has_bias);
+  const acc_t gs = acc_t(0) + static_cast<acc_t>(go);  // as eager accumulates into a zeroed buffer
+  const acc_t gxa = grad_input_of(gs, x, m, a.s1, a.s2);
+  gx = static_cast<scalar_t>(gxa);
+  cm = grad_multiplier_of(gs, x, m, a.s1, a.s2);
+  cb = gxa;
+}
+
+template <typename scalar_t, typename index_t, bool WARP>
+__global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kernel(
+    const BwdArgs<scalar_t> a, index_t total, index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W,
+    index_t plane) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int VEC = vec_outputs<scalar_t>();
+  const index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  acc_t cm_sum = 0, cb_sum = 0;
+  if (p < total) {
+    const index_t row = p / OWv;  // (n, c, od, oh)
+    const index_t owv = p - row * OWv;
+    const index_t base = 2 * W * (row + OH * (row / OH)) + 2 * VEC * owv;
+    const index_t c = (row / ODOH) % C;
+    const acc_t m = static_cast<acc_t>(a.mflat[a.per_channel ? c : 0]);
+    const acc_t b = a.bias != nullptr ? static_cast<acc_t>(a.bias[c]) : acc_t(0);
+    const auto go = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
+    const auto sel = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
+    const auto off = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
+    Pack<scalar_t, 2 * VEC> rows[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll
+      for (int k = 0; k < 2 * VEC; ++k) rows[q].v[k] = scalar_t(0);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      scalar_t gx;
+      acc_t cm, cb;
+      grad_pair(a, go.v[j], sel.v[j], m, b, gx, cm, cb);
+      cm_sum += cm;
+      cb_sum += cb;
+      const int t = off.v[j];  // tap (jd*2 + jh)*2 + jw: row q = t >> 1, column 2j + (t & 1)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        rows[q].v[2 * j] = (t == 2 * q) ? gx : rows[q].v[2 * j];
+        rows[q].v[2 * j + 1] = (t == 2 * q + 1) ? gx : rows[q].v[2 * j + 1];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      *reinterpret_cast<Pack<scalar_t, 2 * VEC>*>(a.gi + base + (q >> 1) * plane + (q & 1) * W) = rows[q];
+    }
+    if constexpr (!WARP) {
+      a.contrib[p] = cm_sum;
+      if (a.contrib_bias != nullptr) a.contrib_bias[p] = cb_sum;
+    }
+  }
+  if constexpr (WARP) {  // all 32 packs of this warp exist and lie in one channel plane (host-checked)
+    cm_sum = warp_sum_from(cm_sum, 1);
+    cb_sum = warp_sum_from(cb_sum, 1);
+    if ((threadIdx.x & 31) == 0 && p < total) {
+      a.contrib[p / 32] = cm_sum;
+      if (a.contrib_bias != nullptr) a.contrib_bias[p / 32] = cb_sum;
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t, bool WARP>
+__global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kernel(
+    const BwdArgs<scalar_t> a, index_t total, index_t Cv, index_t C, index_t OW, index_t OH) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int VEC = vec_outputs<scalar_t>() * 2;
+  const index_t sw = C, sh = 2 * OW * C, sd = 4 * OH * OW * C;
+  const index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  acc_t cm_sum[VEC], cb_sum[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) cm_sum[j] = cb_sum[j] = acc_t(0);
+  if (p < total) {
+    const index_t pos = p / Cv;  // (n, od, oh, ow)
+    const index_t c = (p - pos * Cv) * VEC;
+    const index_t bq = pos / OW;  // (n, od, oh)
+    const index_t ow = pos - bq * OW;
+    const index_t aq = bq / OH;   // (n, od)
+    const index_t base = (4 * OW * (aq * OH + bq) + 2 * ow) * C + c;
+    const auto go = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
+    const auto sel = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
+    const auto off = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
+    scalar_t gx[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const acc_t m = static_cast<acc_t>(a.mflat[a.per_channel ? c + j : 0]);
+      const acc_t b = a.bias != nullptr ? static_cast<acc_t>(a.bias[c + j]) : acc_t(0);
+      grad_pair(a, go.v[j], sel.v[j], m, b, gx[j], cm_sum[j], cb_sum[j]);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      Pack<scalar_t, VEC> r;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) r.v[j] = off.v[j] == t ? gx[j] : scalar_t(0);
+      *reinterpret_cast<Pack<scalar_t, VEC>*>(a.gi + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw) = r;
+    }
+    if constexpr (!WARP) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        a.contrib[p * VEC + j] = cm_sum[j];
+        if (a.contrib_bias != nullptr) a.contrib_bias[p * VEC + j] = cb_sum[j];
+      }
+    }
+  }
+  if constexpr (WARP) {  // 32 % Cv == 0 and every lane of the warp holds a pack (host-checked)
+    const int from = static_cast<int>(Cv);  // lanes l and l ^ k (k >= Cv) hold the same channels
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      cm_sum[j] = warp_sum_from(cm_sum[j], from);
+      cb_sum[j] = warp_sum_from(cb_sum[j], from);
+    }
+    const int lane = threadIdx.x & 31;
+    if (lane < from && p < total) {
+      acc_t* cm_out = a.contrib + (p / 32) * C + static_cast<index_t>(lane) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) cm_out[j] = cm_sum[j];
+      if (a.contrib_bias != nullptr) {
+        acc_t* cb_out = a.contrib_bias + (p / 32) * C + static_cast<index_t>(lane) * VEC;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) cb_out[j] = cb_sum[j];
+      }
+    }
+  }
+}
+
+// Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
+// multiplier and bias partials (bias: undefined without one), or nothing when the general path must run.
+template <typename scalar_t>
+std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
+    const PoolGeometry& g, bool channels_last, const at::Tensor& go, const at::Tensor& sel, const at::Tensor& off,
+    const at::Tensor& mflat, double s1, double s2, const at::Tensor& grad_input, const at::Tensor& bias,
+    cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  if constexpr (!std::is_same_v<acc_t, float>) {
+    return std::nullopt;  // double: the general kernels
+  } else {
+  if (off.scalar_type() != at::kByte) return std::nullopt;
+  if (!(g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2 && g.D == 2 * g.OD && g.H == 2 * g.OH &&
+        g.W == 2 * g.OW)) {
+    return std::nullopt;
+  }
+  for (const at::Tensor* t : {&go, &sel, &grad_input}) {
+    if (reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 != 0) return std::nullopt;
+  }
+  constexpr int VEC_NC = vec_outputs<scalar_t>(), VEC_CL = 2 * vec_outputs<scalar_t>();
+  const int vec = channels_last ? VEC_CL : VEC_NC;
+  if (channels_last ? g.C % vec != 0 : g.OW % vec != 0) return std::nullopt;
+  if (reinterpret_cast<uintptr_t>(off.const_data_ptr()) % vec != 0) return std::nullopt;
+  const int64_t total = g.output_numel() / vec;
+  const int64_t plane = g.OD * g.OH * (g.OW / vec);  // packs per (n, c) plane, contiguous layout
+  const int64_t Cv = g.C / vec;
+  const bool warp = channels_last ? (32 % Cv == 0 && total % 32 == 0) : plane % 32 == 0;
+  // Partials: contiguous [N, C, R] (R per plane) or channels_last [P, C] (P packs of rows per channel).
+  const int64_t parts = warp ? total / 32 : total;
+  const auto acc_opts = go.options().dtype(at::toOpMathType(go.scalar_type())).memory_format(at::MemoryFormat::Contiguous);
+  // Contiguous: partials in (n, c, plane) order, viewed [N, C, R]. channels_last: rows of C channel partials.
+  at::Tensor contrib = at::empty({channels_last ? (warp ? parts * g.C : total * vec) : parts}, acc_opts);
+  at::Tensor contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
+  BwdArgs<scalar_t> a{go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off.const_data_ptr<uint8_t>(),
+                      mflat.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
+                      grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
+                      contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
+                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2)};
+  const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
+  const bool small = g.input_numel() < (int64_t(1) << 31);
+  auto go_launch = [&](auto idx) {
+    using index_t = decltype(idx);
+    if (channels_last) {
+      auto k = warp ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, true>
+                    : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, false>;
+      k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(Cv),
+                                       static_cast<index_t>(g.C), static_cast<index_t>(g.OW),
+                                       static_cast<index_t>(g.OH));
+    } else {
+      auto k = warp ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, true>
+                    : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, false>;
+      k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(g.OW / vec),
+                                       static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH),
+                                       static_cast<index_t>(g.C), static_cast<index_t>(g.W),
+                                       static_cast<index_t>(g.H * g.W));
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  small ? go_launch(int32_t{}) : go_launch(int64_t{});
+  // Fixed-order sums of the partials to one value per channel.
+  auto per_channel = [&](const at::Tensor& part) {
+    return channels_last ? part.view({-1, g.C}).sum(0) : part.view({g.N, g.C, -1}).sum(at::IntArrayRef({0, 2}));
+  };
+  return std::make_pair(per_channel(contrib), bias.defined() ? per_channel(contrib_bias) : at::Tensor());
   }
 }
 
@@ -477,6 +787,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
     const at::Tensor mflat = flat_multiplier(multiplier);
+    std::optional<std::pair<at::Tensor, at::Tensor>> fast;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_fast", [&] {
+      fast = launch_backward_tiled2<scalar_t>(g, channels_last, go, sel, off, mflat, s1, s2, grad_input, bflat,
+                                              stream);
+    });
+    if (fast) {
+      auto finish = [&](const at::Tensor& per_channel, const at::Tensor& like) {
+        at::Tensor total = like.numel() == 1 ? per_channel.sum() : per_channel;
+        return total.reshape(like.sizes()).to(like.scalar_type()).contiguous();
+      };
+      at::Tensor grad_bias = bias != nullptr ? finish(fast->second, *bias) : at::Tensor();
+      return {grad_input, grad_bias, finish(fast->first, multiplier)};
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cuda", [&] {
       auto run = [&](auto off_tag) {
         using off_t = decltype(off_tag);

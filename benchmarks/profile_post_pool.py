@@ -1,0 +1,32 @@
+"""One call of each fused.post_pool kernel at the default size, for Nsight Compute to profile.
+
+    ncu --clock-control none -k regex:post_pool --metrics ... python benchmarks/profile_post_pool.py
+
+Each kernel runs once after a warm-up pass that ncu also sees; filter with --launch-skip or read the last rows.
+"""
+import torch
+
+import torch_fused_ops  # noqa: F401
+
+ops = torch.ops.fused
+
+
+def main():
+    torch.manual_seed(0)
+    shape = (16, 32, 32, 64, 64)
+    for dtype in (torch.float32, torch.bfloat16):
+        for fmt in (torch.contiguous_format, torch.channels_last_3d):
+            x = torch.randn(shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+            m = torch.randn(32, 1, 1, 1, device="cuda", dtype=dtype)
+            torch.cuda.nvtx.range_push(f"{dtype} {fmt}")
+            ops.post_pool(x, m, 0.2, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False, None)
+            out, sel, off = ops.post_pool_with_offsets(x, m, 0.2, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False, None)
+            g = torch.randn_like(out)
+            ops.post_pool_backward(g, sel, off, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1],
+                                   fmt == torch.channels_last_3d)
+            torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

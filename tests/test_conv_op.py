@@ -1,0 +1,214 @@
+"""fused.conv_transpose3d_post_pool: values and gradients against eager PyTorch (float64 reference), fake impl,
+opcheck, argument errors, and the Inductor pass routing the whole Model to it."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_fused_ops
+from torch_fused_ops import conv_transpose3d_post_pool, fusion_pass
+from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
+from fused_testing import HAS_CUDA
+
+OPS = torch.ops.fused
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU"))]
+
+# (conv stride, padding, output_padding, kernel, pool kernel, pool stride, groups): the KernelBench case (the
+# CUDA fused path), then cases only the composite path covers.
+CASES = {
+    "kb": (2, 1, 1, 3, 2, None, 1),
+    "kb_op0": (2, 1, 0, 3, 2, None, 1),
+    "kb_mixed_op": (2, 1, (1, 0, 1), 3, 2, None, 1),
+    "s1k2": (1, 0, 0, 2, 2, 1, 1),
+    "pool3": (2, 1, 1, 3, 3, 2, 1),
+    "groups2": (2, 1, 1, 3, 2, None, 2),
+}
+
+
+def reference(x, w, b, m, s1, s2, case):
+    stride, pad, op, _k, pk, ps, groups = case
+    y = F.conv_transpose3d(x, w, b, stride, pad, op, groups)
+    return F.max_pool3d(F.leaky_relu(F.leaky_relu(y, s1) * m, s2), pk, ps)
+
+
+def make(case, dtype, device, *, cin=4, cout=6, shape=(2, 3, 4, 5), bias=True, fmt=torch.contiguous_format,
+         seed=0):
+    g = torch.Generator().manual_seed(seed)
+    _s, _p, _o, k, _pk, _ps, groups = case
+    x = torch.randn(shape[0], cin, *shape[1:], generator=g, dtype=torch.float64)
+    w = torch.randn(cin, cout // groups, k, k, k, generator=g, dtype=torch.float64) / (cin * k) ** 0.5
+    b = torch.randn(cout, generator=g, dtype=torch.float64) if bias else None
+    m = torch.randn(cout, 1, 1, 1, generator=g, dtype=torch.float64)
+    cast = lambda t: None if t is None else t.to(device=device, dtype=dtype)  # noqa: E731
+    return cast(x).contiguous(memory_format=fmt), cast(w), cast(b), cast(m)
+
+
+def call(x, w, b, m, s1, s2, case):
+    stride, pad, op, _k, pk, ps, groups = case
+    return conv_transpose3d_post_pool(x, w, b, m, s1, stride, pad, op, groups, 1, pk, ps, 0, 1, False,
+                                      None if s2 == s1 else s2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last_3d], ids=["contig", "cl"])
+def test_forward_and_grads_float64(device, name, fmt):
+    case = CASES[name]
+    x, w, b, m = make(case, torch.float64, device, fmt=fmt)
+    leaves = [t.requires_grad_() for t in (x, w, b, m)]
+    out = call(x, w, b, m, 0.2, 0.3, case)
+    ref = reference(x, w, b, m, 0.2, 0.3, case)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    assert out.is_contiguous(memory_format=fmt)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, leaves, g)
+    want = torch.autograd.grad(ref, leaves, g)
+    for name_, a, e in zip(("input", "weight", "bias", "multiplier"), got, want):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=lambda s: f"grad {name_}: {s}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_close_to_float64_reference(device):
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float32, device, cin=16, cout=32, shape=(2, 4, 6, 5))
+    leaves64 = [t.double().requires_grad_() for t in (x, w, b, m)]
+    ref = reference(*leaves64, 0.2, 0.2, case)
+    leaves = [t.requires_grad_() for t in (x, w, b, m)]
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        out = call(*leaves, 0.2, 0.2, case)
+        g = torch.randn_like(out)
+        got = torch.autograd.grad(out, leaves, g)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    want = torch.autograd.grad(ref, leaves64, g.double())
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_bias_and_scalar_multiplier(device):
+    case = CASES["kb"]
+    x, w, _, _ = make(case, torch.float64, device, bias=False)
+    m = torch.tensor(-0.7, dtype=torch.float64, device=device)
+    torch.testing.assert_close(call(x, w, None, m, 0.1, 0.1, case), reference(x, w, None, m, 0.1, 0.1, case))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float32, device, shape=(0, 3, 4, 5))
+    out = call(x, w, b, m, 0.2, 0.2, case)
+    assert out.shape == reference(x, w, b, m, 0.2, 0.2, case).shape and out.numel() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_and_inf_propagate(device):
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float64, device, shape=(1, 4, 4, 4))
+    x[0, 0, 1, 1, 1] = float("nan")
+    x[0, 1, 2, 2, 2] = float("inf")
+    torch.testing.assert_close(call(x, w, b, m, 0.2, 0.2, case), reference(x, w, b, m, 0.2, 0.2, case),
+                               equal_nan=True)
+
+
+def _args(x, w, b, m, case):
+    stride, pad, op, _k, pk, ps, groups = case
+    e = lambda v: [v] * 3 if isinstance(v, int) else list(v)  # noqa: E731
+    return (x, w, b, e(stride), e(pad), e(op), groups, [1, 1, 1], m, 0.2, e(pk), [] if ps is None else e(ps),
+            [0, 0, 0], [1, 1, 1], False, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["kb", "pool3"])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last_3d], ids=["contig", "cl"])
+def test_opcheck(device, name, fmt):
+    case = CASES[name]
+    x, w, b, m = make(case, torch.float64, device, fmt=fmt)
+    torch.library.opcheck(OPS.conv_transpose3d_post_pool.default, _args(x, w, b, m, case))
+    leaves = [t.requires_grad_() for t in (x, w, b, m)]
+    torch.library.opcheck(OPS.conv_transpose3d_post_pool_with_offsets.default, _args(*leaves, case))
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last_3d], ids=["contig", "cl"])
+def test_fake_matches_real_strides(fmt):
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float32, "cpu", fmt=fmt)
+    real = OPS.conv_transpose3d_post_pool_with_offsets(*_args(x, w, b, m, case))
+    with FakeTensorMode() as mode:
+        fake = OPS.conv_transpose3d_post_pool_with_offsets(
+            *_args(*(mode.from_tensor(t) for t in (x, w, b, m)), case))
+    for r, f in zip(real, fake):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+
+
+def test_errors_are_clear():
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="weight.shape\\[0\\]"):
+        call(x, w[:3], b, m, 0.2, 0.2, case)
+    with pytest.raises(TypeError, match="weight dtype"):
+        call(x, w.double(), b, m, 0.2, 0.2, case)
+    with pytest.raises(ValueError, match="bias must be 1-D"):
+        call(x, w, b[:2], m, 0.2, 0.2, case)
+    with pytest.raises(ValueError, match="multiplier"):
+        call(x, w, b, m[:2], 0.2, 0.2, case)
+    with pytest.raises(ValueError, match="5-D"):
+        call(x[0], w, b, m, 0.2, 0.2, case)
+
+
+def _compile_code(model, x):
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(model), x)
+    return out, "\n".join(code)
+
+
+def test_pass_routes_model_to_conv_op(monkeypatch):
+    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "always")
+    torch.manual_seed(0)
+    model = ConvTransposeLeakyMulLeakyPool().double()
+    x = torch.randn(2, 16, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    ref = model(x)
+    out, code = _compile_code(model, x)
+    assert "conv_transpose3d_post_pool" in code and "convolution" not in code.replace("conv_transpose3d_post", "")
+    torch.testing.assert_close(out, ref)
+    params = [x, model.conv_transpose.weight, model.conv_transpose.bias, model.multiplier]
+    got = torch.autograd.grad(out.sum(), params)
+    want = torch.autograd.grad(ref.sum(), params)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_pass_cuda_mode_leaves_cpu_graphs_to_post_pool(monkeypatch):
+    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "cuda")
+    model = ConvTransposeLeakyMulLeakyPool()
+    with torch.no_grad():
+        _, code = _compile_code(model, torch.randn(1, 16, 3, 4, 4))
+    assert "conv_transpose3d_post_pool" not in code and "fused.post_pool" in code
+
+
+def test_uuid_depends_on_setting(monkeypatch):
+    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "off")
+    off = fusion_pass.PostPoolFusionPass().uuid()
+    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "cuda")
+    assert fusion_pass.PostPoolFusionPass().uuid() != off
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_pass_routes_cuda_model(dtype, train):
+    torch.manual_seed(0)
+    model = ConvTransposeLeakyMulLeakyPool().cuda().to(dtype)
+    x = torch.randn(2, 16, 4, 6, 6, device="cuda", dtype=dtype, requires_grad=train)
+    with torch.set_grad_enabled(train):
+        ref = model(x)
+        out, code = _compile_code(model, x)
+    assert "conv_transpose3d_post_pool" in code
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)  # TF32 default
+    torch.testing.assert_close(out, ref, **tol)
+    if train:
+        gx, gw = torch.autograd.grad(out.float().sum(), [x, model.conv_transpose.weight])
+        rx, rw = torch.autograd.grad(ref.float().sum(), [x, model.conv_transpose.weight])
+        torch.testing.assert_close(gx, rx, **tol)
+        torch.testing.assert_close(gw, rw, rtol=5e-2, atol=5e-2)

@@ -1,0 +1,258 @@
+"""fused::conv_transpose3d_post_pool[_with_offsets]: typed wrapper, kernels, fake impls and autograd.
+
+The op is ``post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)``. Kernels (Python, for CPU
+and CUDA): on CUDA, where ``_conv_post_pool_triton.fused_path_applies`` (kernel 3, stride 2, padding 1, a 2x2x2
+pool, groups 1, half or float32), one Triton kernel computes the convolution at pooled resolution and never
+writes the full-resolution tensor; everywhere else the aten convolution followed by fused.post_pool.
+
+float32 follows PyTorch's TF32 switch for convolutions (``torch.backends.cudnn.allow_tf32``), as cuDNN does.
+
+Autograd: the training forward saves, per pooled output, the convolution output it selected (bias included)
+and its window offset, so backward rebuilds the sparse gradient of the convolution output with
+fused.post_pool_backward, then runs aten's convolution backward. No full-resolution tensor lives between the
+forward and the backward.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import _geometry
+
+IntOr3 = int | Sequence[int]
+_ops = torch.ops.fused
+_OP = "fused::conv_transpose3d_post_pool"
+
+
+def conv_transpose3d_post_pool(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    multiplier: Tensor,
+    negative_slope: float = 0.01,
+    stride: IntOr3 = 1,
+    padding: IntOr3 = 0,
+    output_padding: IntOr3 = 0,
+    groups: int = 1,
+    dilation: IntOr3 = 1,
+    kernel_size: IntOr3 = 2,
+    pool_stride: IntOr3 | None = None,
+    pool_padding: IntOr3 = 0,
+    pool_dilation: IntOr3 = 1,
+    ceil_mode: bool = False,
+    negative_slope2: float | None = None,
+) -> Tensor:
+    """``max_pool3d(leaky_relu(leaky_relu(conv_transpose3d(input, weight, bias, ...), s1) * multiplier, s2))``.
+
+    Convolution arguments as ``torch.nn.functional.conv_transpose3d``; pool arguments as
+    ``torch.nn.functional.max_pool3d`` (``pool_stride`` None means ``kernel_size``); multiplier and slopes as
+    ``torch_fused_ops.post_pool``. Differentiable in input, weight, bias and multiplier.
+    """
+    e3 = _geometry.expand3
+    return _ops.conv_transpose3d_post_pool(
+        input, weight, bias, e3("stride", stride), e3("padding", padding), e3("output_padding", output_padding),
+        int(groups), e3("dilation", dilation), multiplier, float(negative_slope), e3("kernel_size", kernel_size),
+        [] if pool_stride is None else e3("pool_stride", pool_stride), e3("pool_padding", pool_padding),
+        e3("pool_dilation", pool_dilation), bool(ceil_mode),
+        None if negative_slope2 is None else float(negative_slope2),
+    )
+
+
+# ---- shared argument handling -----------------------------------------------------------------------------
+
+def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation):
+    """Checks the convolution's arguments; returns (conv output size [N, Cout, Do, Ho, Wo], s, p, op, d)."""
+    if input.dim() != 5:
+        raise ValueError(f"{op}: expected a 5-D input (N, C, D, H, W), got shape {list(input.shape)}")
+    if weight.dim() != 5:
+        raise ValueError(f"{op}: expected a 5-D weight (C_in, C_out/groups, kD, kH, kW), got {list(weight.shape)}")
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"{op}: expected a floating-point input, got {input.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.dtype != input.dtype:
+            raise TypeError(f"{op}: {name} dtype must equal input dtype, got {name} {t.dtype} and input {input.dtype}")
+        if t.device != input.device:
+            raise ValueError(f"{op}: {name} must be on the input's device, got {t.device} and {input.device}")
+    s = _geometry.expand3(f"{op}: stride", stride)
+    p = _geometry.expand3(f"{op}: padding", padding)
+    o = _geometry.expand3(f"{op}: output_padding", output_padding)
+    d = _geometry.expand3(f"{op}: dilation", dilation)
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be positive, got {groups}")
+    cin = input.shape[1]
+    torch._check_value(weight.shape[0] == cin,
+                       lambda: f"{op}: weight.shape[0] must equal the input's channels {cin}, got {list(weight.shape)}")
+    torch._check_value(cin % groups == 0, lambda: f"{op}: input channels {cin} not divisible by groups {groups}")
+    cout = weight.shape[1] * groups
+    if bias is not None:
+        torch._check_value(bias.dim() == 1 and bias.shape[0] == cout,
+                           lambda: f"{op}: bias must be 1-D with {cout} elements, got {list(bias.shape)}")
+    for i in range(3):
+        if s[i] <= 0 or d[i] <= 0 or p[i] < 0 or o[i] < 0:
+            raise ValueError(f"{op}: stride and dilation must be positive, padding and output_padding non-negative")
+        if o[i] >= max(s[i], d[i]):
+            raise ValueError(f"{op}: output_padding must be smaller than stride or dilation, got {o}, {s}, {d}")
+    size = [input.shape[0], cout]
+    for i in range(3):
+        size.append((input.shape[2 + i] - 1) * s[i] - 2 * p[i] + d[i] * (weight.shape[2 + i] - 1) + o[i] + 1)
+    torch._check_value(size[2] > 0 and size[3] > 0 and size[4] > 0,
+                       lambda: f"{op}: convolution output size {size[2:]} is not positive")
+    return size, s, p, o, d
+
+
+def _output_meta(op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                 kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode):
+    """(pooled shape, memory format, conv output size, pool params), after every check the kernels make."""
+    ysize, *_ = _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation)
+    _geometry.check_tensors(op, ysize, input.dtype, input.device, multiplier)
+    k, s, p, d = _geometry.pool_params(op, kernel_size, pool_stride, pool_padding, pool_dilation)
+    pooled = [_geometry.pooled_size(ysize[2 + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(3)]
+    torch._check_value(all(v >= 1 for v in pooled),
+                       lambda: f"{op}: output size is too small: convolution output {ysize} gives pooled {pooled}")
+    return (ysize[0], ysize[1], *pooled), _geometry.output_memory_format(input), ysize, (k, s, p, d)
+
+
+# ---- kernels ----------------------------------------------------------------------------------------------
+
+def _triton_module():
+    from . import _conv_post_pool_triton
+
+    return _conv_post_pool_triton
+
+
+def _forward(with_offsets, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+             negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2):
+    op = _OP + ("_with_offsets" if with_offsets else "")
+    shape, fmt, ysize, (k, s, p, d) = _output_meta(
+        op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, kernel_size,
+        pool_stride, pool_padding, pool_dilation, ceil_mode)
+    s2 = negative_slope if negative_slope2 is None else negative_slope2
+    if input.is_cuda and input.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        tri = _triton_module()
+        if tri.fused_path_applies(input, weight, stride, padding, output_padding, groups, dilation, k, s, p, d,
+                                  ceil_mode):
+            m1 = multiplier.reshape(-1).expand(ysize[1]).contiguous()
+            return tri.conv_transpose3d_post_pool_triton(
+                input, weight, bias, m1, negative_slope, s2, list(output_padding),
+                allow_tf32=torch.backends.cudnn.allow_tf32, with_offsets=with_offsets)
+    y = torch.ops.aten.convolution.default(input, weight, bias, list(stride), list(padding), list(dilation), True,
+                                           list(output_padding), groups)
+    if with_offsets:
+        res = _ops.post_pool_with_offsets(y, multiplier, negative_slope, k, s, p, d, ceil_mode, negative_slope2)
+        return tuple(t.contiguous(memory_format=fmt) for t in res)
+    return _ops.post_pool(y, multiplier, negative_slope, k, s, p, d, ceil_mode, negative_slope2).contiguous(
+        memory_format=fmt)
+
+
+def _impl(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
+          kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False, negative_slope2=None):
+    return _forward(False, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                    negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2)
+
+
+def _impl_with_offsets(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                       negative_slope, kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False,
+                       negative_slope2=None):
+    return _forward(True, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                    negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2)
+
+
+_lib = torch.library.Library("fused", "IMPL")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("conv_transpose3d_post_pool", _impl, _key)
+    _lib.impl("conv_transpose3d_post_pool_with_offsets", _impl_with_offsets, _key)
+
+
+# ---- fake impls ---------------------------------------------------------------------------------------------
+
+def _fake_outputs(op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                  kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode):
+    shape, fmt, _, (k, *_rest) = _output_meta(op, input, weight, bias, stride, padding, output_padding, groups,
+                                              dilation, multiplier, kernel_size, pool_stride, pool_padding,
+                                              pool_dilation, ceil_mode)
+    return shape, fmt, k
+
+
+@torch.library.register_fake(_OP)
+def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
+          kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False, negative_slope2=None):
+    shape, fmt, _ = _fake_outputs(_OP, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                                  multiplier, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+
+
+@torch.library.register_fake(_OP + "_with_offsets")
+def _fake_with_offsets(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
+                       negative_slope, kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False,
+                       negative_slope2=None):
+    shape, fmt, k = _fake_outputs(_OP + "_with_offsets", input, weight, bias, stride, padding, output_padding,
+                                  groups, dilation, multiplier, kernel_size, pool_stride, pool_padding,
+                                  pool_dilation, ceil_mode)
+    like = dict(device=input.device, memory_format=fmt)
+    return (torch.empty(shape, dtype=input.dtype, **like), torch.empty(shape, dtype=input.dtype, **like),
+            torch.empty(shape, dtype=_geometry.offset_dtype(k), **like))
+
+
+# ---- autograd -----------------------------------------------------------------------------------------------
+
+_DEFAULTS = ((), 0, 1, False, None)  # pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2
+
+
+def _full_args(inputs):
+    """The 16 schema arguments, defaults filled in (the dispatcher may drop trailing defaulted ones)."""
+    inputs = tuple(inputs)
+    return inputs + _DEFAULTS[len(inputs) - 11:] if len(inputs) < 16 else inputs
+
+
+def _setup_context(ctx, inputs, output):
+    (input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
+     kernel_size, pool_stride, pool_padding, pool_dilation, _ceil_mode, negative_slope2) = _full_args(inputs)
+    _out, selected, offsets = output
+    ctx.mark_non_differentiable(selected, offsets)
+    ctx.save_for_backward(input, weight, multiplier, selected, offsets)
+    ysize, s, p, o, d = _conv_geometry(_OP, input, weight, bias, stride, padding, output_padding, groups, dilation)
+    ctx.conv = (s, p, o, d, groups)
+    ctx.bias_sizes = None if bias is None else list(bias.shape)
+    ctx.ysize = ysize
+    ctx.pool = _geometry.pool_params(_OP, kernel_size, pool_stride, pool_padding, pool_dilation)
+    ctx.slopes = (negative_slope, negative_slope2)
+    # The convolution's gradient in the layout aten's convolution backward prefers for this input.
+    ctx.channels_last = _geometry.output_memory_format(input) == torch.channels_last_3d
+
+
+def _backward(ctx, grad_out, _grad_selected, _grad_offsets):
+    input, weight, multiplier, selected, offsets = ctx.saved_tensors
+    k, ps, pp, pd = ctx.pool
+    s, p, o, d, groups = ctx.conv
+    grad_y, grad_multiplier = _ops.post_pool_backward(
+        grad_out, selected, offsets, multiplier, ctx.slopes[0], ctx.slopes[1], ctx.ysize, k, ps, pp, pd,
+        ctx.channels_last)
+    needs = ctx.needs_input_grad
+    mask = [needs[0], needs[1], needs[2] and ctx.bias_sizes is not None]
+    grad_input = grad_weight = grad_bias = None
+    if any(mask):
+        grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward.default(
+            grad_y, input, weight, ctx.bias_sizes, s, p, d, True, o, groups, mask)
+    return (grad_input if mask[0] else None, grad_weight if mask[1] else None, grad_bias if mask[2] else None,
+            None, None, None, None, None, grad_multiplier if needs[8] else None,
+            None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd(_OP + "_with_offsets", _backward, setup_context=_setup_context)
+
+
+def _autograd(*args, **kwargs):
+    # As post_pool: calls that need a gradient run the training forward, whose autograd saves pooled-size tensors.
+    input, weight, bias, multiplier = args[0], args[1], args[2], args[8]
+    wants = any(t is not None and t.requires_grad for t in (input, weight, bias, multiplier))
+    if torch.is_grad_enabled() and wants:
+        return _ops.conv_transpose3d_post_pool_with_offsets.default(*args, **kwargs)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        return _ops.conv_transpose3d_post_pool.default(*args, **kwargs)
+
+
+_lib.impl("conv_transpose3d_post_pool", _autograd, "Autograd")
