@@ -25,6 +25,15 @@ def main():
             ops.post_pool_backward(g, sel, off, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1],
                                    fmt == torch.channels_last_3d)
             torch.cuda.nvtx.range_pop()
+    # The fused convolution kernel at the KernelBench size (TF32, inference and training forward).
+    from torch_fused_ops import conv_transpose3d_post_pool
+
+    x = torch.randn(16, 16, 16, 32, 32, device="cuda")
+    w = torch.randn(16, 32, 3, 3, 3, device="cuda") * 0.1
+    b, m = torch.randn(32, device="cuda"), torch.randn(32, 1, 1, 1, device="cuda")
+    conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+    w.requires_grad_()
+    conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
     torch.cuda.synchronize()
 
 

@@ -25,14 +25,6 @@ DEVICE = "cpu" if cpt._INTERPRET else "cuda"
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def _one_config_on_gpu(monkeypatch):
-    # On a GPU every new (shape, dtype, flags) key would autotune all configs, compiling each; one config keeps
-    # the suite quick. test_every_config covers the others.
-    if not cpt._INTERPRET:
-        monkeypatch.setattr(cpt._kernel, "configs", cpt._kernel.configs[-2:-1])
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Inputs and the float64 reference
 # ----------------------------------------------------------------------------------------------------------
@@ -225,11 +217,10 @@ def test_every_config():
     configs = list(cpt._CONFIGS)
     assert configs
     for cfg in configs:
-        cpt._kernel.configs = [cfg]
-        try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cpt, "_fixed_config", lambda precision, cfg=cfg: cfg)
             out = run(x, w, b, m, 0.2, -0.4, (1, 1, 1))
-        finally:
-            cpt._kernel.configs = configs
+            assert cpt.last_config() is cfg
         torch.testing.assert_close(out.cpu().double(), ref, **tolerances(torch.float32),
                                    msg=lambda s, cfg=cfg: f"{cfg}: {s}")
 

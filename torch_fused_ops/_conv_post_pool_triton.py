@@ -262,17 +262,32 @@ else:
         for bm, nw in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
     ]
 
-# n_pos is in the key because the best BM depends on how many programs fill the GPU (batch 1 vs 16); it costs
-# one tuning round per distinct pooled size. Every candidate writes the same outputs, so no reset is needed.
-_kernel = triton.autotune(
-    configs=_CONFIGS,
-    key=["n_pos", "CIN_P", "COUT_P", "BK", "BN", "HAS_BIAS", "WITH_OFFSETS", "IS_FP32", "PRECISION"],
-)(_conv_t3d_post_pool_kernel)
+# Autotuning is opt-in (TORCH_FUSED_OPS_TRITON_AUTOTUNE=1): on the H200 at the KernelBench size it picked BM=64 with
+# 4 warps for TF32, bf16 and TF32 with offsets (BM=32, 8 warps for strict fp32), which is the fixed choice below;
+# the autotuner's per-call Python work and its tuning runs (which cannot happen inside a CUDA-graph capture) cost
+# more than the few percent between configs.
+_AUTOTUNE = os.environ.get("TORCH_FUSED_OPS_TRITON_AUTOTUNE", "0") == "1" and not _INTERPRET
+if _AUTOTUNE:
+    _kernel = triton.autotune(
+        configs=_CONFIGS,
+        key=["n_pos", "CIN_P", "COUT_P", "BK", "BN", "HAS_BIAS", "WITH_OFFSETS", "IS_FP32", "PRECISION"],
+    )(_conv_t3d_post_pool_kernel)
+else:
+    _kernel = _conv_t3d_post_pool_kernel
+
+
+def _fixed_config(precision: str) -> triton.Config:
+    if _INTERPRET:
+        return _CONFIGS[0]
+    return triton.Config({"BM": 32}, num_warps=8) if precision == "ieee" else triton.Config({"BM": 64}, num_warps=4)
+
+
+_last_fixed = None
 
 
 def last_config():
-    """The autotuner's most recently used config (None before the first launch)."""
-    return getattr(_kernel, "best_config", None)
+    """The config of the most recent launch: the autotuner's choice, or the fixed one (None before any launch)."""
+    return getattr(_kernel, "best_config", None) if _AUTOTUNE else _last_fixed
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -417,6 +432,12 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     # offsets, out stands in for the unused pointers (never written: WITH_OFFSETS is a constexpr).
     sel_arg, off_arg = (selected, offsets) if with_offsets else (out, out)
     b_arg, sb = (bias, bias.stride(0)) if bias is not None else (mult, 0)
+    precision = "tf32" if (is_fp32 and allow_tf32) else "ieee"
+    launch = {}
+    if not _AUTOTUNE:
+        global _last_fixed
+        _last_fixed = cfg = _fixed_config(precision)
+        launch = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=1)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _kernel[grid](
             x, w_packed, b_arg, mult, out, sel_arg, off_arg,
@@ -427,7 +448,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
             sb, mult.stride(0),
             CIN_P=cin_p, COUT_P=cout_p, BK=bk, BN=bn,
             HAS_BIAS=bias is not None, WITH_OFFSETS=bool(with_offsets), IS_FP32=is_fp32,
-            IS_HALF=not is_fp32, PRECISION="tf32" if (is_fp32 and allow_tf32) else "ieee", SOFT_BF16=soft_bf16,
+            IS_HALF=not is_fp32, PRECISION=precision, SOFT_BF16=soft_bf16, **launch,
         )
     return result
 
