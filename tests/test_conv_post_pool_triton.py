@@ -271,11 +271,11 @@ def test_channels_last_input_gives_channels_last_output():
 def test_non_contiguous_input(kind):
     gen = torch.Generator().manual_seed(3)
     n, cin, d, h, wd = 2, 5, 3, 4, 3
+    # The views are taken on the device: moving a CPU view there would make it contiguous.
     if kind == "strided_w":
-        x = torch.randn(n, cin, d, h, 2 * wd, generator=gen)[..., ::2]
+        x = torch.randn(n, cin, d, h, 2 * wd, generator=gen).to(DEVICE)[..., ::2]
     else:
-        x = torch.randn(h, n, wd, d, cin, generator=gen).permute(1, 4, 3, 0, 2)
-    x = x.to(DEVICE)
+        x = torch.randn(h, n, wd, d, cin, generator=gen).to(DEVICE).permute(1, 4, 3, 0, 2)
     assert x.shape == (n, cin, d, h, wd) and not x.is_contiguous()
     assert not x.is_contiguous(memory_format=torch.channels_last_3d)
     _, w, b, m = make_case(1, cin, 7, (1, 1, 1))
