@@ -38,7 +38,7 @@ if [ "${1:-}" != "quick" ]; then
   timeout ${BENCH_TIMEOUT:-200} python3 -m torch_fused_ops.bench ${BENCH_SHAPES:+--shapes "$BENCH_SHAPES"} --out "$OUT" \
     > "$OUT/bench.md" 2> "$T/bench.log"
   note "bench: rc=$?"
-  timeout 90 python3 -m torch_fused_ops.demo > "$OUT/demo.log" 2>&1
+  [ -n "${SKIP_DEMO:-}" ] || timeout 90 python3 -m torch_fused_ops.demo > "$OUT/demo.log" 2>&1
   cat "$OUT/bench.md" >> "$summary"
   grep -E "matched|diff|bit-identical|PASS|FAIL|^\|" "$OUT/demo.log" >> "$summary"
 fi
