@@ -72,8 +72,11 @@ def main(argv=None) -> int:
             # A compilation served from Inductor's cache does not run the pass again (matches 0), but its code
             # is the code the pass produced: the generated code is what tells.
             cached = " (served from Inductor's cache)" if use_pass and in_code and matches == 0 else ""
-            print(f"{name}: pass matched {matches} chain(s){cached}; generated code calls fused.post_pool: {in_code}")
-            ok &= _report(name, out, ref)
+            print(f"{name}: pass matched {matches} chain(s){cached}; generated code calls a fused op: {in_code}")
+            # On CUDA the pass also replaces the convolution (fused.conv_transpose3d_post_pool, TF32 like cuDNN's
+            # by default): its rounding differs from cuDNN's, so the comparison allows TF32-sized differences.
+            tf32 = device.type == "cuda" and x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+            ok &= _report(name, out, ref, tol=5e-3 if (use_pass and tf32) else 1e-4)
             ok &= in_code if use_pass else (matches == 0 and not in_code)
             with torch.no_grad():
                 rows.append((name, median_us(lambda: fn(x), device, reps=reps)))
@@ -84,11 +87,11 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _report(name: str, out: torch.Tensor, ref: torch.Tensor) -> bool:
-    # The convolution is identical in every variant; what differs is the epilogue, exact in float32 for ours,
-    # while Inductor's own epilogue may round differently. TF32 convs make small differences larger on GPU.
+def _report(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
+    # Where the convolution is the same as eager's, what differs is the epilogue, exact in float32 for ours, while
+    # Inductor's own epilogue may round differently. TF32 convs make small differences larger on GPU.
     diff = (out - ref).abs().max().item()
-    good = out.shape == ref.shape and torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
+    good = out.shape == ref.shape and torch.allclose(out, ref, rtol=tol, atol=tol)
     print(f"{name}: max |diff| vs eager {diff:.3g} -> {'ok' if good else 'MISMATCH'}", flush=True)
     return good
 
