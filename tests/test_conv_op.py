@@ -241,3 +241,21 @@ def test_fused_training_path_gradients(dtype):
     for name, a, e in zip(("input", "weight", "bias", "multiplier"), got, want):
         rel = ((a.float() - e.float()).norm() / e.float().norm()).item()
         assert rel < (5e-2 if dtype == torch.bfloat16 else 1e-2), f"grad {name}: relative error {rel:.2e}"
+
+
+def test_pass_conv_route_with_dynamic_shapes(monkeypatch):
+    # The fake impl works on symbolic sizes: one dynamic compilation serves two input shapes.
+    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "always")
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ConvTransposeLeakyMulLeakyPool()
+    compiled = torch.compile(model, dynamic=True)
+    for shape in [(2, 16, 3, 4, 4), (1, 16, 4, 5, 3)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            out, code = run_and_get_code(compiled, x)
+            ref = model(x)
+        assert "conv_transpose3d_post_pool" in "\n".join(code)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
