@@ -174,6 +174,26 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
   });
 }
 
+// Half-precision <-> float copies for the float kernels below: bfloat16 through the vectorized SIMD leaves
+// (bit-identical to c10's element conversions), float16 element by element.
+template <typename scalar_t>
+inline void to_float(const scalar_t* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    simd::bf16_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <typename scalar_t>
+inline void from_float(const float* src, scalar_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    simd::float_to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<scalar_t>(src[i]);
+  }
+}
+
 // float16/bfloat16: the float SIMD kernels on float copies of the rows (or channel vectors) each step needs.
 // The kernels compute in float either way, so results equal the scalar path; the selected input converts
 // back exactly, the output is rounded once.
@@ -193,7 +213,7 @@ void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
       const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
       for (int q = 0; q < 4; ++q) {
         const scalar_t* src = base + (q >> 1) * st.d + (q & 1) * st.h;
-        for (int64_t w = 0; w < g.W; ++w) in[q * g.W + w] = static_cast<float>(src[w]);
+        to_float(src, in + q * g.W, g.W);
       }
       const int64_t o = r * g.OW;
       uint8_t* off = nullptr;
@@ -201,10 +221,8 @@ void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGe
       simd::row_2x2x2(in, in + g.W, in + 2 * g.W, in + 3 * g.W, g.OW,
                       static_cast<float>(p.m[(nc % g.C) * p.m_stride]), s1, s2, outf,
                       p.sel == nullptr ? nullptr : self, off);
-      for (int64_t w = 0; w < g.OW; ++w) p.out[o + w] = static_cast<scalar_t>(outf[w]);
-      if (p.sel != nullptr) {
-        for (int64_t w = 0; w < g.OW; ++w) p.sel[o + w] = static_cast<scalar_t>(self[w]);
-      }
+      from_float(outf, p.out + o, g.OW);
+      if (p.sel != nullptr) from_float(self, p.sel + o, g.OW);
     }
   });
 }
@@ -231,17 +249,15 @@ void forward_channels_last_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, con
       const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
       for (int q = 0; q < 4; ++q) {
         const scalar_t* src = x + (q >> 1) * st.d + (q & 1) * st.h;
-        for (int64_t i = 0; i < line; ++i) in[q * line + i] = static_cast<float>(src[i]);
+        to_float(src, in + q * line, line);
       }
       const int64_t o = r * g.OW * g.C;
       uint8_t* off = nullptr;
       if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
       simd::channels_row_2x2x2(in, line, 2 * line, g.OW, g.C, m.data(), s1, s2, outf,
                                p.sel == nullptr ? nullptr : self, off);
-      for (int64_t i = 0; i < g.OW * g.C; ++i) p.out[o + i] = static_cast<scalar_t>(outf[i]);
-      if (p.sel != nullptr) {
-        for (int64_t i = 0; i < g.OW * g.C; ++i) p.sel[o + i] = static_cast<scalar_t>(self[i]);
-      }
+      from_float(outf, p.out + o, g.OW * g.C);
+      if (p.sel != nullptr) from_float(self, p.sel + o, g.OW * g.C);
     }
   });
 }
@@ -282,16 +298,14 @@ void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const Poo
           for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
             const scalar_t* x =
                 xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
-            for (int64_t c = 0; c < g.C; ++c) xf[c] = static_cast<float>(x[c]);
+            to_float(x, xf, g.C);
             simd::channels_tap(xf, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), outf,
                                save ? self : nullptr, off8, off32);
           }
         }
       }
-      for (int64_t c = 0; c < g.C; ++c) p.out[o + c] = static_cast<scalar_t>(outf[c]);
-      if (save) {
-        for (int64_t c = 0; c < g.C; ++c) p.sel[o + c] = static_cast<scalar_t>(self[c]);
-      }
+      from_float(outf, p.out + o, g.C);
+      if (save) from_float(self, p.sel + o, g.C);
     }
   });
 }
@@ -504,17 +518,15 @@ void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t*
         int64_t nc, od, oh;
         row_coords(r, g, nc, od, oh);
         const int64_t o = r * g.OW;
-        for (int64_t w = 0; w < g.OW; ++w) {
-          gof[w] = static_cast<float>(go[o + w]);
-          self[w] = static_cast<float>(sel[o + w]);
-        }
+        to_float(go + o, gof, g.OW);
+        to_float(sel + o, self, g.OW);
         const int64_t L = 2 * g.OW;
         simd::row_2x2x2_backward(gof, self, off + o, g.OW, static_cast<float>(mflat[(nc % g.C) * m_stride]), s1, s2,
                                  gif, gif + L, gif + 2 * L, gif + 3 * L, contrib + o);
         scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
         for (int q = 0; q < 4; ++q) {
           scalar_t* dst = base + (q >> 1) * st.d + (q & 1) * st.h;
-          for (int64_t w = 0; w < L; ++w) dst[w] = static_cast<scalar_t>(gif[q * L + w]);
+          from_float(gif + q * L, dst, L);
         }
       }
     });
@@ -535,15 +547,13 @@ void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t*
       int64_t n, od, oh, ow;
       position_coords(pos, g, n, od, oh, ow);
       const int64_t o = pos * g.C;
-      for (int64_t c = 0; c < g.C; ++c) {
-        gof[c] = static_cast<float>(go[o + c]);
-        self[c] = static_cast<float>(sel[o + c]);
-      }
+      to_float(go + o, gof, g.C);
+      to_float(sel + o, self, g.C);
       simd::channels_2x2x2_backward(gof, self, off + o, m.data(), g.C, s1, s2, tapp, contrib + o, scratch);
       scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
       for (int t = 0; t < 8; ++t) {
         scalar_t* dst = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
-        for (int64_t c = 0; c < g.C; ++c) dst[c] = static_cast<scalar_t>(tapp[t][c]);
+        from_float(tapp[t], dst, g.C);
       }
     }
   });

@@ -2,6 +2,7 @@
 // for AVX-512 or AVX2, and only the exported leaf functions are dispatched on the running CPU.
 #include "post_pool_cpu_simd.h"
 
+#include <cstring>
 #include <limits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -253,6 +254,25 @@ FUSED_CLONES void channels_tap(const double* x, const double* m, int64_t C, doub
     channels_body<double, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
   } else {
     channels_body<double, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
+  }
+}
+
+FUSED_CLONES void bf16_to_float(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    dst[i] = f;
+  }
+}
+
+FUSED_CLONES void float_to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = src[i];
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    const uint32_t rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+    dst[i] = static_cast<uint16_t>(f != f ? 0x7FC0u : rounded);
   }
 }
 

@@ -49,5 +49,11 @@ void channels_2x2x2_backward(const float* go, const float* sel, const uint8_t* o
 void channels_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, const double* m, int64_t C,
                              double s1, double s2, double* const* gi, double* contrib, double* gx);
 
+// bfloat16 storage (raw 16 bits) <-> float for n contiguous values. Widening is exact; narrowing rounds to
+// nearest even and turns every NaN into 0x7FC0, exactly as c10::BFloat16(float) does, so the half-precision paths
+// that compute on float copies stay bit-identical to converting element by element.
+void bf16_to_float(const uint16_t* src, float* dst, int64_t n);
+void float_to_bf16(const float* src, uint16_t* dst, int64_t n);
+
 }  // namespace simd
 }  // namespace fused
