@@ -17,6 +17,8 @@ def expand3(name: str, value: IntOr3, *, allow_empty_as: Sequence[int] | None = 
     """int[3] argument as three ints: one value expands to all dims, as in max_pool3d."""
     if isinstance(value, int):
         return [value] * 3
+    if type(value) is list and len(value) == 3:  # the common case, kept cheap: this runs on every call
+        return value
     value = list(value)
     if not value and allow_empty_as is not None:
         return list(allow_empty_as)
@@ -30,8 +32,8 @@ def pool_params(op: str, kernel_size: IntOr3, stride: IntOr3, padding: IntOr3, d
     s = expand3(f"{op}: stride", stride, allow_empty_as=k)
     p = expand3(f"{op}: padding", padding)
     d = expand3(f"{op}: dilation", dilation)
-    kx = "x".join(map(str, k))
     for i in range(3):
+        kx = "x".join(map(str, k)) if (k[i] <= 0 or p[i] > k[i] // 2) else ""  # built only for an error message
         if k[i] <= 0:
             raise ValueError(f"{op}: kernel_size must be positive, got {kx}")
         if s[i] <= 0:

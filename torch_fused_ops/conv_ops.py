@@ -77,10 +77,10 @@ def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, gro
             raise TypeError(f"{op}: {name} dtype must equal input dtype, got {name} {t.dtype} and input {input.dtype}")
         if t.device != input.device:
             raise ValueError(f"{op}: {name} must be on the input's device, got {t.device} and {input.device}")
-    s = _geometry.expand3(f"{op}: stride", stride)
-    p = _geometry.expand3(f"{op}: padding", padding)
-    o = _geometry.expand3(f"{op}: output_padding", output_padding)
-    d = _geometry.expand3(f"{op}: dilation", dilation)
+    e3 = _geometry.expand3
+    s, p, o, d = (e3(op + ": " + name, v) for name, v in
+                  (("stride", stride), ("padding", padding), ("output_padding", output_padding),
+                   ("dilation", dilation)))
     if groups < 1:
         raise ValueError(f"{op}: groups must be positive, got {groups}")
     cin = input.shape[1]
