@@ -367,3 +367,32 @@ if given is not None:
         expected = composite(x, m, s1, negative_slope2=s2, **cfg)
         assert_bitwise_equal(out, expected, f"shape={shape} cfg={cfg}")
         assert out.is_contiguous(memory_format=CHANNELS_LAST) == expected.is_contiguous(memory_format=CHANNELS_LAST)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_special_multipliers_with_positive_slopes(device, dtype, layout):
+    # Positive slopes make the epilogue monotone, so the CUDA inference kernels pool the raw input for channels
+    # whose multiplier is finite and non-zero; these channels (0, -0, +-inf, NaN) must take the full path and
+    # give eager's values, next to ordinary channels, with NaN, +-inf and exact zeros in the input.
+    C = 16
+    x = make_input((2, C, 6, 8, 8), dtype, device, layout, seed=41)
+    x = _sprinkle(x, float("nan"), 0.01, seed=4, cluster=False)
+    x = _sprinkle(x, float("inf"), 0.01, seed=5, cluster=False)
+    x = _sprinkle(x, float("-inf"), 0.01, seed=6, cluster=False)
+    x = _sprinkle(x, 0.0, 0.02, seed=7, cluster=False)
+    x = _sprinkle(x, -0.0, 0.02, seed=8, cluster=False)
+    specials = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -0.7, 1.3, 1e-30]
+    m = make_multiplier("C111", C, dtype, device).clone()
+    for i, v in enumerate(specials):
+        m[2 * i] = v
+    for s1, s2 in [(0.2, 0.3), (1.0, 0.5)]:
+        cfg = dict(kernel_size=2, stride=2)
+        out = run_op(x, m, cfg, s1, s2)
+        expected = composite(x, m, s1, negative_slope2=s2, **cfg)
+        assert torch.equal(torch.isnan(out), torch.isnan(expected)), "NaN positions differ from eager"
+        if dtype == torch.float32:
+            assert_bitwise_equal(out, expected)  # -0 == +0 here: the sign of a zero may differ (README)
+        else:
+            torch.testing.assert_close(out, expected, equal_nan=True, **EAGER_TOL[dtype])
