@@ -43,7 +43,7 @@ for r in rows[1:]:
 for (i, name), m in k.items():
     print(i, name, " | ".join(f"{a.split('__')[1][:22]}={b}" for a, b in m.items()))
 PY
-timeout 240 python3 -m torch_fused_ops.bench --shapes "${BENCH_SHAPES:-16,32,32,64,64}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
+timeout 300 python3 -m torch_fused_ops.bench --shapes "${BENCH_SHAPES:-16,32,32,64,64}" --model-configs "${MODEL_CONFIGS:-fp32,bf16,fp32-b1,fp32-strict}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
 note "bench: rc=$?"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
 tail -5 "$T/bench.log" >> "$summary"
 echo "================ summary ================"; cat "$summary"

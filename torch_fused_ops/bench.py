@@ -125,14 +125,35 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     return rows
 
 
-def bench_model(device, reps, use_compile=True):
-    """The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and training step."""
+# Whole-Model configurations (--model-configs): dtype, batch (None: the device's default), TF32 for convolutions.
+MODEL_CONFIGS = {
+    "fp32": (torch.float32, None, True),
+    "bf16": (torch.bfloat16, None, True),
+    "fp32-b1": (torch.float32, 1, True),
+    "fp32-strict": (torch.float32, None, False),
+}
+
+
+def bench_model(device, reps, use_compile=True, configs=("fp32",)):
+    """The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and training step.
+    One block of rows per configuration in `configs` (keys of MODEL_CONFIGS)."""
+    rows = []
+    for config in configs:
+        dtype, batch, tf32 = MODEL_CONFIGS[config]
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=tf32):
+            rows += _bench_model_config(device, reps, use_compile, config, dtype, batch,
+                                        extra_variant=config == configs[0])
+    return rows
+
+
+def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_variant):
     from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT, ConvTransposeLeakyMulLeakyPool
 
-    batch = DEFAULT_BATCH if device.type == "cuda" else 1
+    if batch is None:
+        batch = DEFAULT_BATCH if device.type == "cuda" else 1
     torch.manual_seed(0)
-    model = ConvTransposeLeakyMulLeakyPool().to(device)
-    x = torch.randn(batch, 16, *DEFAULT_INPUT, device=device)
+    model = ConvTransposeLeakyMulLeakyPool().to(device=device, dtype=dtype)
+    x = torch.randn(batch, 16, *DEFAULT_INPUT, device=device, dtype=dtype)
     xg = x.clone().requires_grad_()
     rows = []
     from torch_fused_ops import fusion_pass
@@ -141,8 +162,9 @@ def bench_model(device, reps, use_compile=True):
     if use_compile:
         # "pass on" uses the package's default settings; the last row leaves the convolution out of the fused op
         # (fused.post_pool with the conv bias folded in, as on devices where the fused convolution doesn't apply).
-        variants += [("torch.compile, pass off", False, None), ("torch.compile, pass on", True, None),
-                     ("torch.compile, pass on, conv not fused", True, "off")]
+        variants += [("torch.compile, pass off", False, None), ("torch.compile, pass on", True, None)]
+        if extra_variant:
+            variants.append(("torch.compile, pass on, conv not fused", True, "off"))
     default_fold, default_conv = fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE
     for name, use_pass, conv_setting in variants:
         torch._dynamo.reset()
@@ -175,9 +197,9 @@ def bench_model(device, reps, use_compile=True):
             train = median_us(step, device, reps=max(3, reps // 3))
         fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE = default_fold, default_conv
         matched = torch_fused_ops.matched_count() - before
-        rows.append(dict(what="Model", impl=name, shape=list(x.shape), forward_us=fwd, train_step_us=train,
-                         train_peak_MiB=peak, matched=matched))
-        _log(f"  Model {name:24s} forward {fwd:9.1f} us  train step {train:9.1f} us  peak {peak:8.1f} MiB  "
+        rows.append(dict(what="Model", config=config, impl=name, shape=list(x.shape), forward_us=fwd,
+                         train_step_us=train, train_peak_MiB=peak, matched=matched))
+        _log(f"  Model {config} {name:24s} forward {fwd:9.1f} us  train step {train:9.1f} us  peak {peak:8.1f} MiB  "
              f"matched {matched}")
     return rows
 
@@ -228,6 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--no-model", action="store_true", help="skip the whole-Model rows")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--model-configs", default="fp32",
+                    help=f"comma-separated whole-Model configurations: {', '.join(MODEL_CONFIGS)} (default: fp32; "
+                         "fp32-strict turns TF32 off)")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -249,7 +274,11 @@ def main(argv=None) -> int:
                                if hasattr(torch._functorch.config, "donated_buffer") else contextlib.nullcontext())
                 with torch_fused_ops.fusion_enabled(False), no_donation:
                     rows += bench_op(shape, DTYPES[dt], fmt, device, bw, not args.no_compile, reps)
-    model_rows = [] if args.no_model else bench_model(device, reps, not args.no_compile)
+    configs = tuple(c for c in args.model_configs.split(",") if c)
+    unknown = [c for c in configs if c not in MODEL_CONFIGS]
+    if unknown:
+        ap.error(f"unknown --model-configs {unknown}; choose from {list(MODEL_CONFIGS)}")
+    model_rows = [] if args.no_model else bench_model(device, reps, not args.no_compile, configs)
     meta = dict(device=name, torch=torch.__version__, date=datetime.date.today().isoformat(),
                 copy_bandwidth_GBps=bw / 1e9,
                 command="python -m torch_fused_ops.bench " + " ".join(sys.argv[1:] if argv is None else argv))
@@ -266,12 +295,13 @@ def main(argv=None) -> int:
         print(f"| {r['what']} | {r['impl']} | {r['dtype']} | {r['layout']} | {r['shape']} | {r['us']:.1f} | "
               f"{r['floor_us']:.1f} | {r['frac_of_floor']:.0%} |")
     if model_rows:
-        print(f"\nWhole Model, input {model_rows[0]['shape']}, float32 (training step = forward + backward of .sum())\n")
-        print("| Model | forward us | train step us | train peak MiB | chains fused |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+        print("\nWhole Model (training step = forward + backward of .sum(); fp32 configs use TF32 convolutions "
+              "unless marked strict)\n")
+        print("| config | input | Model | forward us | train step us | train peak MiB | chains fused |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
         for r in model_rows:
-            print(f"| {r['impl']} | {r['forward_us']:.1f} | {r['train_step_us']:.1f} | {r['train_peak_MiB']:.0f} | "
-                  f"{r['matched']} |")
+            print(f"| {r['config']} | {r['shape']} | {r['impl']} | {r['forward_us']:.1f} | {r['train_step_us']:.1f} | "
+                  f"{r['train_peak_MiB']:.0f} | {r['matched']} |")
     print(f"\n(JSON: {path}; plot: {png or 'not drawn, matplotlib is not installed'})")
     return 0
 
