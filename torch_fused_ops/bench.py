@@ -3,11 +3,13 @@
     python -m torch_fused_ops.bench [--device cuda|cpu] [--dtypes float32,bfloat16]
                                     [--layouts contiguous,channels_last_3d] [--shapes "N,C,D,H,W;..."]
                                     [--no-compile] [--no-model] [--reps N] [--out DIR]
+                                    [--model-configs fp32,bf16,fp32-b1,fp32-strict]
 
 1. The op alone, forward and backward, for each shape (a sweep from launch-bound to bandwidth-bound sizes),
    dtype and layout: eager composite, torch.compile of the composite (with our pass off), fused.post_pool.
 2. The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and a training step
-   (forward + backward), with the training step's peak memory on CUDA.
+   (forward + backward), with the training step's peak memory on CUDA; per configuration (float32 batch 16 by
+   default; also bfloat16, batch 1, and float32 with TF32 off).
 3. For every row the memory floor (bytes that must move / bandwidth of a device copy measured in this run) and
    the fraction of it reached.
 
