@@ -118,6 +118,73 @@ inline void channels_row_body(const T* __restrict x, int64_t sh, int64_t sd, int
   }
 }
 
+// Inference shortcut (as in the CUDA kernels): with both slopes > 0 and finite, and a finite non-zero
+// multiplier, the epilogue is monotone (non-decreasing for m > 0, non-increasing for m < 0; no step can turn a
+// non-NaN into NaN), so the window's max of the epilogue is the epilogue of its max (or min) input. Values equal
+// the full scan; only the sign of a zero result can differ when +0 and -0 tie in a window. A NaN anywhere in the
+// window makes the output NaN, as max_pool3d does.
+template <typename T>
+inline bool monotone_slopes(T s1, T s2) {
+  const T inf = std::numeric_limits<T>::infinity();
+  return s1 > T(0) && s2 > T(0) && s1 < inf && s2 < inf;
+}
+
+template <typename T>
+inline bool monotone_multiplier(T m) {
+  const T inf = std::numeric_limits<T>::infinity();
+  return m != T(0) && m > -inf && m < inf;  // false for NaN too
+}
+
+template <typename T, bool UP>
+inline void row_monotone_body(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,
+                              const T* __restrict r3, int64_t OW, T m, T s1, T s2, T* __restrict out) {
+  const T qnan = std::numeric_limits<T>::quiet_NaN();
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    const T v[8] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1],
+                    r2[2 * ow], r2[2 * ow + 1], r3[2 * ow], r3[2 * ow + 1]};
+    T pick = v[0];
+    bool nan = v[0] != v[0];
+    for (int t = 1; t < 8; ++t) {
+      pick = (UP ? v[t] > pick : v[t] < pick) ? v[t] : pick;
+      nan = nan | (v[t] != v[t]);
+    }
+    const T e = epilogue(pick, m, s1, s2);
+    out[ow] = nan ? qnan : e;
+  }
+}
+
+template <typename T>
+inline void channels_row_monotone_body(const T* __restrict x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
+                                       const T* __restrict m, T s1, T s2, T* __restrict out) {
+  const T qnan = std::numeric_limits<T>::quiet_NaN();
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    const T* p = x + 2 * ow * C;
+    T* o = out + ow * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const T v[8] = {p[c], p[C + c], p[sh + c], p[sh + C + c], p[sd + c], p[sd + C + c], p[sd + sh + c],
+                      p[sd + sh + C + c]};
+      T hi = v[0], lo = v[0];
+      bool nan = v[0] != v[0];
+      for (int t = 1; t < 8; ++t) {
+        hi = v[t] > hi ? v[t] : hi;
+        lo = v[t] < lo ? v[t] : lo;
+        nan = nan | (v[t] != v[t]);
+      }
+      const T mc = m[c];
+      const T e = epilogue(mc > T(0) ? hi : lo, mc, s1, s2);
+      o[c] = nan ? qnan : e;
+    }
+  }
+}
+
+template <typename T>
+inline bool all_monotone(const T* m, int64_t C, T s1, T s2) {
+  if (!monotone_slopes(s1, s2)) return false;
+  bool ok = true;
+  for (int64_t c = 0; c < C; ++c) ok = ok & monotone_multiplier(m[c]);
+  return ok;
+}
+
 // The chain rule as eager autograd applies it (leaky_relu_backward, mul backward, leaky_relu_backward), from
 // the gradient accumulated into zeros (0 + g, which turns -0 into +0 as eager's scatter does).
 template <typename T>
@@ -179,6 +246,10 @@ FUSED_CLONES void channels_row_2x2x2(const float* x, int64_t sh, int64_t sd, int
   if (sel != nullptr) {
     channels_row_body<float, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   } else {
+    if (all_monotone(m, C, s1, s2)) {
+      channels_row_monotone_body<float>(x, sh, sd, OW, C, m, s1, s2, out);
+      return;
+    }
     channels_row_body<float, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   }
 }
@@ -189,6 +260,10 @@ FUSED_CLONES void channels_row_2x2x2(const double* x, int64_t sh, int64_t sd, in
   if (sel != nullptr) {
     channels_row_body<double, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   } else {
+    if (all_monotone(m, C, s1, s2)) {
+      channels_row_monotone_body<double>(x, sh, sd, OW, C, m, s1, s2, out);
+      return;
+    }
     channels_row_body<double, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   }
 }
@@ -222,6 +297,14 @@ FUSED_CLONES void row_2x2x2(const float* r0, const float* r1, const float* r2, c
   if (sel != nullptr) {
     row_body<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   } else {
+    if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
+      if (m > float(0)) {
+        row_monotone_body<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      } else {
+        row_monotone_body<float, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      }
+      return;
+    }
     row_body<float, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   }
 }
@@ -231,6 +314,14 @@ FUSED_CLONES void row_2x2x2(const double* r0, const double* r1, const double* r2
   if (sel != nullptr) {
     row_body<double, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   } else {
+    if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
+      if (m > double(0)) {
+        row_monotone_body<double, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      } else {
+        row_monotone_body<double, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      }
+      return;
+    }
     row_body<double, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   }
 }
