@@ -780,14 +780,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
   const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
   const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
+  at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
+  at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
   const at::Tensor bflat = bias != nullptr ? bias->contiguous() : at::Tensor();
-  // Per-output partials of the multiplier/bias gradients, for the general kernels only (the fast path reduces in
-  // the kernel): allocated after the fast path declines, so they never add to the backward's peak memory there.
-  at::Tensor contrib, contrib_bias;
-  auto alloc_partials = [&] {
-    contrib = at::empty(grad_output.sizes(), acc_opts);
-    if (bias != nullptr) contrib_bias = at::empty(grad_output.sizes(), acc_opts);
-  };
   if (!g.empty()) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
@@ -805,7 +800,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
       at::Tensor grad_bias = bias != nullptr ? finish(fast->second, *bias) : at::Tensor();
       return {grad_input, grad_bias, finish(fast->first, multiplier)};
     }
-    alloc_partials();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cuda", [&] {
       auto run = [&](auto off_tag) {
         using off_t = decltype(off_tag);
@@ -823,9 +817,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
         run(int32_t{});
       }
     });
-  } else {
-    alloc_partials();
-    if (contrib_bias.defined()) contrib_bias.zero_();
+  } else if (contrib_bias.defined()) {
+    contrib_bias.zero_();
   }
   at::Tensor grad_bias = bias != nullptr ? reduce_grad_multiplier(contrib_bias, *bias) : at::Tensor();
   return {grad_input, grad_bias, reduce_grad_multiplier(contrib, multiplier)};
