@@ -267,6 +267,22 @@ def test_channels_last_input_gives_channels_last_output():
     torch.testing.assert_close(out.cpu().double(), ref, **tolerances(torch.float32))
 
 
+def test_output_layout_matches_the_fake_impl_for_strided_channels_last_views():
+    # A channels_last view with a step on W is neither contiguous nor channels_last-contiguous; the op's fake
+    # impl reports _geometry.output_memory_format for it, and the kernel's real outputs must have those strides.
+    from torch_fused_ops import _geometry
+
+    x, w, b, m = make_case(2, 6, 9, (3, 4, 10))
+    x = x.contiguous(memory_format=torch.channels_last_3d)[..., ::2]
+    fmt = _geometry.output_memory_format(x)
+    assert fmt == torch.channels_last_3d
+    _, _, ref = reference(x, w, b, m, 0.2, 0.2, (1, 1, 1))
+    for t in run(x, w, b, m, 0.2, 0.2, (1, 1, 1), with_offsets=True):
+        assert t.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(run(x, w, b, m, 0.2, 0.2, (1, 1, 1)).cpu().double(), ref,
+                               **tolerances(torch.float32))
+
+
 @pytest.mark.parametrize("kind", ["strided_w", "permuted"])
 def test_non_contiguous_input(kind):
     gen = torch.Generator().manual_seed(3)

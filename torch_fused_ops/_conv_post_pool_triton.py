@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config", "output_memory_format"]
+from . import _geometry
+
+__all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SUPPORTED_DTYPES = (torch.float32, *_HALF_DTYPES)
@@ -336,13 +338,6 @@ def fused_path_applies(x, weight, stride, padding, output_padding, groups, dilat
     return ceil_mode is False or (isinstance(ceil_mode, int | bool) and not ceil_mode)
 
 
-def output_memory_format(x: torch.Tensor) -> torch.memory_format:
-    """The layout torch's suggest_memory_format picks for a 5-D tensor, used for all outputs."""
-    if x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous():
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
 def _pow2_at_least(n: int, floor: int) -> int:
     # tl.dot needs every dim >= 16 and power-of-two block shapes.
     return max(floor, triton.next_power_of_2(max(n, 1)))
@@ -375,15 +370,15 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
     offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
     """
-    if x.dim() != 5:
-        raise ValueError(f"expected a 5-D input (N, C, D, H, W), got shape {list(x.shape)}")
-    if x.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"expected float16, bfloat16 or float32 input, got {x.dtype}")
-    if not (x.is_cuda or _INTERPRET):
-        raise ValueError("the Triton kernel needs a CUDA tensor (or TRITON_INTERPRET=1 set before import)")
+    # fused.conv_transpose3d_post_pool checks every argument first (with the messages users see); these are
+    # the kernel's own preconditions, kept because the kernel would read out of bounds without them.
+    if not fused_path_applies(x, weight, 2, 1, output_padding, 1, 1, 2, 2, 0, 1, False):
+        raise ValueError(
+            "arguments outside the fused path: expected a 5-D float16/bfloat16/float32 input on CUDA and a weight "
+            f"[{x.shape[1] if x.dim() == 5 else 'Cin'}, Cout, 3, 3, 3] of its dtype and device, output_padding 0 or "
+            f"1 per dim; got input {list(x.shape)} {x.dtype}, weight {list(weight.shape)} {weight.dtype}, "
+            f"output_padding {output_padding}")
     N, Cin, D, H, W = x.shape
-    if weight.dim() != 5 or tuple(weight.shape[2:]) != (3, 3, 3) or weight.shape[0] != Cin:
-        raise ValueError(f"expected weight of shape [{Cin}, Cout, 3, 3, 3], got {list(weight.shape)}")
     Cout = weight.shape[1]
     for name, t in (("weight", weight), ("bias", bias), ("multiplier", multiplier_1d)):
         if t is None:
@@ -398,14 +393,12 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
         raise ValueError(f"expected {Cout} multiplier elements (one per output channel), got {multiplier_1d.numel()}")
     mult = multiplier_1d.reshape(Cout)
     op = _as3(output_padding)
-    if op is None or any(v not in (0, 1) for v in op):
-        raise ValueError(f"output_padding must be 0 or 1 per dim, got {output_padding}")
     if N > 0 and Cin > 0 and min(D, H, W) == 0:
         raise ValueError(f"input spatial dims must be non-empty, got shape {list(x.shape)}")
 
     Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
     shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wp, 0))
-    fmt = output_memory_format(x)
+    fmt = _geometry.output_memory_format(x)  # the layout the op's fake impl reports
     out = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
     if with_offsets:
         selected = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
