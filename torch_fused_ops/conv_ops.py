@@ -62,6 +62,15 @@ def conv_transpose3d_post_pool(
 
 # ---- shared argument handling -----------------------------------------------------------------------------
 
+_DEFAULTS = ((), 0, 1, False, None)  # pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2
+
+
+def _full_args(inputs):
+    """The 16 schema arguments, defaults filled in (the dispatcher may drop trailing defaulted ones)."""
+    inputs = tuple(inputs)
+    return inputs + _DEFAULTS[len(inputs) - 11:] if len(inputs) < 16 else inputs
+
+
 def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation):
     """Checks the convolution's arguments; returns (conv output size [N, Cout, Do, Ho, Wo], s, p, op, d)."""
     if input.dim() != 5:
@@ -148,17 +157,12 @@ def _forward(with_offsets, input, weight, bias, stride, padding, output_padding,
         memory_format=fmt)
 
 
-def _impl(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
-          kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False, negative_slope2=None):
-    return _forward(False, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-                    negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2)
+def _impl(*args):
+    return _forward(False, *_full_args(args))
 
 
-def _impl_with_offsets(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-                       negative_slope, kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False,
-                       negative_slope2=None):
-    return _forward(True, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-                    negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2)
+def _impl_with_offsets(*args):
+    return _forward(True, *_full_args(args))
 
 
 _lib = torch.library.Library("fused", "IMPL")
@@ -169,44 +173,26 @@ for _key in ("CPU", "CUDA"):
 
 # ---- fake impls ---------------------------------------------------------------------------------------------
 
-def _fake_outputs(op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-                  kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode):
-    shape, fmt, _, (k, *_rest) = _output_meta(op, input, weight, bias, stride, padding, output_padding, groups,
-                                              dilation, multiplier, kernel_size, pool_stride, pool_padding,
-                                              pool_dilation, ceil_mode)
-    return shape, fmt, k
-
-
-@torch.library.register_fake(_OP)
-def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
-          kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False, negative_slope2=None):
-    shape, fmt, _ = _fake_outputs(_OP, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                                  multiplier, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
-    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
-
-
-@torch.library.register_fake(_OP + "_with_offsets")
-def _fake_with_offsets(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-                       negative_slope, kernel_size, pool_stride=(), pool_padding=0, pool_dilation=1, ceil_mode=False,
-                       negative_slope2=None):
-    shape, fmt, k = _fake_outputs(_OP + "_with_offsets", input, weight, bias, stride, padding, output_padding,
-                                  groups, dilation, multiplier, kernel_size, pool_stride, pool_padding,
-                                  pool_dilation, ceil_mode)
+def _fake_forward(with_offsets, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  multiplier, negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode,
+                  negative_slope2):
+    op = _OP + ("_with_offsets" if with_offsets else "")
+    shape, fmt, _, (k, *_) = _output_meta(op, input, weight, bias, stride, padding, output_padding, groups,
+                                          dilation, multiplier, kernel_size, pool_stride, pool_padding,
+                                          pool_dilation, ceil_mode)
     like = dict(device=input.device, memory_format=fmt)
-    return (torch.empty(shape, dtype=input.dtype, **like), torch.empty(shape, dtype=input.dtype, **like),
-            torch.empty(shape, dtype=_geometry.offset_dtype(k), **like))
+    out = torch.empty(shape, dtype=input.dtype, **like)
+    if not with_offsets:
+        return out
+    return out, torch.empty(shape, dtype=input.dtype, **like), torch.empty(shape, dtype=_geometry.offset_dtype(k),
+                                                                           **like)
+
+
+torch.library.register_fake(_OP, lambda *args: _fake_forward(False, *_full_args(args)))
+torch.library.register_fake(_OP + "_with_offsets", lambda *args: _fake_forward(True, *_full_args(args)))
 
 
 # ---- autograd -----------------------------------------------------------------------------------------------
-
-_DEFAULTS = ((), 0, 1, False, None)  # pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2
-
-
-def _full_args(inputs):
-    """The 16 schema arguments, defaults filled in (the dispatcher may drop trailing defaulted ones)."""
-    inputs = tuple(inputs)
-    return inputs + _DEFAULTS[len(inputs) - 11:] if len(inputs) < 16 else inputs
-
 
 def _setup_context(ctx, inputs, output):
     (input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,

@@ -255,9 +255,10 @@ def _fusable_conv_transpose(x: Node, m: Node, k, st, pad, dil, ceil) -> list | N
         return None
     if b["bias"] is not None and not isinstance(b["bias"], Node):
         return None
-    conv = [_int3(b[n]) for n in ("stride", "padding", "output_padding", "dilation")]
+    stride, padding, output_padding, dilation = (_int3(b[n]) for n in ("stride", "padding", "output_padding",
+                                                                       "dilation"))
     groups = b["groups"]
-    if None in conv or not isinstance(groups, int) or isinstance(groups, bool):
+    if None in (stride, padding, output_padding, dilation) or not isinstance(groups, int) or isinstance(groups, bool):
         return None
     xv, wv = _val(b["input"]), _val(b["weight"])
     bv = _val(b["bias"]) if b["bias"] is not None else None
@@ -276,14 +277,12 @@ def _fusable_conv_transpose(x: Node, m: Node, k, st, pad, dil, ceil) -> list | N
             return None
         from . import _conv_post_pool_triton as tri
 
-        stride, padding, output_padding, dilation = conv
         if not tri.fused_path_applies(xv, wv, stride, padding, output_padding, groups, dilation, k,
                                       st if st else k, pad, dil, ceil):
             return None
     if wv.dtype != xv.dtype or wv.device != xv.device or (bv is not None and (bv.dtype != xv.dtype or
                                                                               bv.device != xv.device)):
         return None
-    stride, padding, output_padding, dilation = conv
     return [b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation]
 
 
