@@ -1,0 +1,143 @@
+"""Launch configurations of the fused convolution kernels on CUDA, at the KernelBench size, in one run.
+
+    python benchmarks/conv_t3d_variants.py [--quick]
+
+For each kernel (phase-exact `_conv_post_pool_triton`, packed-GEMM `_conv_post_pool_gemm_triton`) and each
+config: kernel time (block timer, packed weight and output preallocated), relative L2 error against a float64
+reference, and whether it compiled. cuDNN's transposed convolution alone and the eager composite are timed in
+the same run, with cuDNN's own TF32 error, so the rows can be read against them. A table comes last.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+
+import os
+import types
+
+import torch
+import torch.nn.functional as F
+
+# The kernels and the timer are pure Python: load them without the package's __init__, which needs the compiled
+# extension, so this can run while the extension builds.
+if "torch_fused_ops" not in sys.modules:
+    _pkg = types.ModuleType("torch_fused_ops")
+    _pkg.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_fused_ops")]
+    sys.modules["torch_fused_ops"] = _pkg
+from torch_fused_ops import _conv_post_pool_gemm_triton as gemm  # noqa: E402
+from torch_fused_ops import _conv_post_pool_triton as exact  # noqa: E402
+from torch_fused_ops._timing import median_us  # noqa: E402
+
+S1 = 0.2
+
+
+def reference(x, w, b, m, op):
+    y = F.conv_transpose3d(x.double(), w.double(), b.double(), stride=2, padding=1, output_padding=op)
+    e = F.leaky_relu(F.leaky_relu(y, S1) * m.double().view(1, -1, 1, 1, 1), S1)
+    return F.max_pool3d(e, 2, 2)
+
+
+def rel_err(o, r):
+    return ((o.double() - r).norm() / r.norm()).item()
+
+
+def composite(x, w, b, m, op):
+    y = F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=op)
+    return F.max_pool3d(F.leaky_relu(F.leaky_relu(y, S1) * m.view(1, -1, 1, 1, 1), S1), 2, 2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batch", type=int, default=16)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = "cuda"
+    n = args.batch
+    op = [1, 1, 1]
+    x32 = torch.randn(n, 16, 16, 32, 32, device=dev)
+    w32 = torch.randn(16, 32, 3, 3, 3, device=dev) / math.sqrt(16 * 27) * 2
+    b32 = torch.randn(32, device=dev) * 0.1
+    m32 = torch.randn(32, device=dev)
+    ref = reference(x32, w32, b32, m32, op)
+    rows = []
+
+    def add(name, dtype, us, err, note=""):
+        rows.append((name, dtype, us, err, note))
+        print(f"{name:58s} {dtype:6s} {us:9.1f} us  err {err:.2e} {note}", flush=True)
+
+    # cuDNN and eager, same run.
+    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)):
+        torch.backends.cudnn.allow_tf32 = tf32
+        xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
+        tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
+        conv_us = median_us(lambda: F.conv_transpose3d(xs, ws, bs, stride=2, padding=1, output_padding=op),
+                            torch.device(dev))
+        add("cuDNN conv_transpose3d alone", tag, conv_us, float("nan"))
+        eager_us = median_us(lambda: composite(xs, ws, bs, ms, op), torch.device(dev))
+        add("eager composite (conv + chain)", tag, eager_us, rel_err(composite(xs, ws, bs, ms, op), ref))
+    torch.backends.cudnn.allow_tf32 = True
+
+    # Phase-exact kernel (what ships), as the launcher calls it.
+    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)):
+        xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
+        tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
+        try:
+            fn = lambda: exact.conv_transpose3d_post_pool_triton(xs, ws, bs, ms, S1, S1, op, tf32, False)  # noqa: E731
+            o = fn()
+            add("phase-exact t1 (incl. weight pack, launcher)", tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
+        except Exception as e:  # noqa: BLE001
+            add("phase-exact t1", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
+
+    # Packed-GEMM kernel: (BM, BK, warps, stages, split into per-phase accumulators, round A to TF32).
+    P, S = False, True
+    configs = {
+        "tf32": [(128, 32, 8, 3, P, True), (128, 64, 8, 2, P, True), (128, 16, 8, 3, P, True),
+                 (64, 32, 4, 3, P, True), (64, 64, 4, 2, P, True), (128, 32, 8, 2, P, True),
+                 (128, 32, 8, 3, S, True), (64, 32, 4, 3, S, True), (128, 64, 8, 2, S, True),
+                 (128, 32, 8, 3, P, False)],
+        "bf16": [(128, 32, 8, 3, P, False), (128, 64, 8, 3, P, False), (64, 64, 4, 3, P, False),
+                 (128, 128, 8, 2, P, False), (128, 64, 8, 3, S, False)],
+        "fp32": [(128, 32, 8, 2, P, False), (64, 32, 4, 2, P, False), (64, 32, 4, 2, S, False)],
+    }
+    if args.quick:
+        configs = {k: v[:2] for k, v in configs.items()}
+    for dt, tf32 in ((torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
+        xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
+        tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
+        out = torch.empty(n, 32, 16, 32, 32, device=dev, dtype=dt)
+        for bm, bk, nw, ns, split, round_a in configs[tag]:
+            wp = gemm.pack_weight(ws, 16, 32, dt, tf32 and round_a)
+            name = f"gemm {'split' if split else 'packed'} bm{bm} bk{bk} w{nw} s{ns}{' rna' if round_a else ''}"
+            try:
+                def fn():
+                    return gemm.conv_transpose3d_post_pool_gemm(xs, ws, bs, ms, S1, S1, op, tf32, out=out,
+                                                                w_packed=wp, bm=bm, bk=bk, num_warps=nw,
+                                                                num_stages=ns, round_a=round_a, split=split)
+                out.fill_(float("nan"))
+                o = fn()
+                add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).strip().splitlines()
+                add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
+                if "--verbose" in sys.argv:
+                    traceback.print_exc()
+        # Whole launcher path, default config (packing included).
+        fn = lambda: gemm.conv_transpose3d_post_pool_gemm(xs, ws, bs, ms, S1, S1, op, tf32)  # noqa: E731
+        try:
+            o = fn()
+            add("gemm default (incl. weight pack, launcher)", tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
+        except Exception as e:  # noqa: BLE001
+            add("gemm default", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
+
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {n}\n")
+    print("| kernel / config | dtype | median us | rel. L2 error vs float64 | note |")
+    print("| --- | --- | ---: | ---: | --- |")
+    for name, dt, us, err, note in rows:
+        print(f"| {name} | {dt} | {us:.1f} | {err:.2e} | {note} |")
+
+
+if __name__ == "__main__":
+    main()

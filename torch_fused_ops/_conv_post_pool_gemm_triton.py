@@ -1,0 +1,365 @@
+"""Triton kernel, packed-GEMM form: ConvTranspose3d(k=3, s=2, p=1) -> LeakyReLU -> x m -> LeakyReLU -> MaxPool3d(2).
+
+Same computation as ``_conv_post_pool_triton`` (read its docstring for the phase argument), organised as one
+implicit GEMM per tile instead of 27 small ones. Every pooled position q reads the 2x2x2 input neighbourhood
+x[q..q+1] (K = 8 neighbours x Cin) and produces the 8 conv-output phases of its pool window for each output
+channel (N = 8 phases x Cout). The packed weight holds zeros where a phase has no tap from a neighbour (37 of
+64 neighbour/phase pairs), so the GEMM does 2.37x the math of the convolution; in exchange it is one K loop
+with large tensor-core instructions that Triton pipelines, where the phase-exact kernel issued 27 dots of
+K = 16, N = 32 and waited on each weight load.
+
+Pooling happens on the accumulator. When both slopes are > 0 and a channel's multiplier is finite and
+non-zero, the epilogue is monotone in the conv output (increasing for m > 0, decreasing for m < 0), so the
+pool takes the max (or min) of the raw accumulators and the epilogue runs once per pooled output, as in
+post_pool's inference kernels; the only possible difference from the exact order is the sign of a zero on
+a +0/-0 tie. Channels whose multiplier is 0, +-inf or NaN, and negative slopes, take the exact path: the
+epilogue on every phase and max_pool3d's selection (first maximum, any NaN wins).
+
+float32 with TF32: the tensor cores ignore the low 13 mantissa bits of their operands (truncation, a bias of
+about -2^-11 per operand); the kernel rounds the input tile to nearest (cvt.rna) and the host rounds the
+packed weight the same way, which is what brings the error down to that of cuDNN's TF32 convolution.
+
+Self-contained (torch + triton only); under TRITON_INTERPRET=1 (set before import) it runs on CPU tensors.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["conv_transpose3d_post_pool_gemm", "pack_weight", "round_tf32"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+_INTERPRET = _interpreting()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel pieces
+# ----------------------------------------------------------------------------------------------------------
+@triton.jit
+def _round_tf32(x, USE_ASM: tl.constexpr):
+    # Round-to-nearest (ties away) onto TF32's 10-bit mantissa, kept as fp32 bits; inf and NaN unchanged.
+    if USE_ASM:
+        r = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x1000) >> 13) << 13
+        special = ((bits >> 23) & 0xFF) == 0xFF
+        r = tl.where(special, x, rounded.to(tl.float32, bitcast=True))
+    return r
+
+
+@triton.jit
+def _max_nan(a, b):
+    # Any NaN wins, as in max_pool3d.
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _leaky(v, s):
+    return tl.where(v > 0, v, v * s)
+
+
+@triton.jit
+def _round_to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # v rounded (nearest-even) to the I/O dtype, kept in fp32. The interpreter's fp32 -> bf16 cast truncates,
+    # so there the rounding is done on the bits (NaN kept, overflow to inf as the hardware does).
+    if SOFT_BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        r = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
+    else:
+        r = v.to(IO_DTYPE).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _pool_pick(va, ia, vb, ib):
+    # max_pool3d's selection as a commutative combine over (value, phase): a NaN beats any number and the
+    # later NaN beats an earlier one; otherwise the greater value wins and, on ties, the earlier phase.
+    a_nan = va != va
+    b_nan = vb != vb
+    take_b = (b_nan & (~a_nan | (ib > ia))) | (~a_nan & ~b_nan & ((vb > va) | ((vb == va) & (ib < ia))))
+    return tl.where(take_b, vb, va), tl.where(take_b, ib, ia)
+
+
+@triton.jit
+def _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0,
+             CIN_P: tl.constexpr, BK: tl.constexpr):
+    # Columns k of the implicit A matrix: neighbour nb = k // CIN_P (bits: dd, dh, dw), channel k % CIN_P.
+    # Neighbour q+1 past the input edge is the convolution's zero (phase 1 of the last window, output_padding 1).
+    k = k0 + tl.arange(0, BK)
+    nb = k // CIN_P
+    ci = k % CIN_P
+    dd = nb // 4
+    dh = (nb // 2) % 2
+    dw = nb % 2
+    col = dd.to(tl.int64) * sxd + dh.to(tl.int64) * sxh + dw.to(tl.int64) * sxw + ci.to(tl.int64) * sxc
+    ok = (row_ok[:, None] & (ci < Cin)[None, :] & ((qd[:, None] + dd[None, :]) < D)
+          & ((qh[:, None] + dh[None, :]) < H) & ((qw[:, None] + dw[None, :]) < W))
+    return tl.load(x_ptr + x_base[:, None] + col[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _dot(a, b, acc, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
+    if IS_FP32:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    elif SOFT_BF16:
+        # The interpreter multiplies bf16 tiles as raw uint16; bf16 products are exact in fp32.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _phase_value(y, mult, bias, s1, s2, IO_DTYPE: tl.constexpr, IS_HALF: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # The epilogue of one phase's conv output (bias and multiplier broadcast along its last dim).
+    y = y + bias[None, :]
+    if IS_HALF:
+        # A half-precision conv would have stored y in the I/O dtype; the epilogue sees that value.
+        y = _round_to_io(y, IO_DTYPE, SOFT_BF16)
+    return _leaky(_leaky(y, s1) * mult[None, :], s2)
+
+
+@triton.jit
+def _mono_epilogue(hi, lo, mult, bias, s1, s2, IO_DTYPE: tl.constexpr, IS_HALF: tl.constexpr,
+                   SOFT_BF16: tl.constexpr):
+    # Monotone epilogue: the pooled value is the epilogue of the largest conv output (smallest for m < 0).
+    # Adding the bias and rounding are monotone too, so they commute with the max.
+    r = tl.where((mult > 0)[None, :], hi, lo)
+    return _phase_value(r, mult, bias, s1, s2, IO_DTYPE, IS_HALF, SOFT_BF16)
+
+
+@triton.jit
+def _scan_pick(best, e):
+    # max_pool3d's running rule for the next element in scan order: strictly greater or NaN replaces.
+    return tl.where((e > best) | (e != e), e, best)
+
+
+@triton.jit
+def _conv_t3d_pool_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, m_ptr, out_ptr,
+    s1, s2,
+    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+    sxn, sxc, sxd, sxh, sxw,
+    son, soc, sod, soh, sow,
+    CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
+    IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
+    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr,
+    SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    io_dtype = out_ptr.dtype.element_ty
+    KP: tl.constexpr = 8 * CIN_P
+    NP: tl.constexpr = 8 * BNC
+
+    # Rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so a column of A is a run of neighbouring
+    # input elements. int32 positions (the host checks n_pos < 2**31), int64 addresses.
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < n_pos
+    qw = rows % Wp
+    t = rows // Wp
+    qh = t % Hp
+    t = t // Hp
+    qd = t % Dp
+    n = t // Dp
+    x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
+
+    # Packed weight [n_blocks, KP, NP], column = phase * BNC + channel within the block.
+    w_base = w_ptr + pid_n * (KP * NP)
+    cn = pid_n * BNC + tl.arange(0, BNC)
+    cn_ok = cn < Cout
+    mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BNC], dtype=tl.float32)
+    # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) need the exact per-phase selection.
+    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+    if MONO:
+        exact_needed = tl.sum(bad.to(tl.int32), 0) > 0
+    else:
+        exact_needed = True
+
+    if SPLIT:
+        # One [BM, BNC] accumulator per phase: eight N = BNC dots per K chunk, no reshape of the accumulator.
+        cc = tl.arange(0, BNC)
+        acc0 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc1 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc3 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc4 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc5 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc6 = tl.zeros([BM, BNC], dtype=tl.float32)
+        acc7 = tl.zeros([BM, BNC], dtype=tl.float32)
+        for k0 in range(0, KP, BK):
+            a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0, CIN_P, BK)
+            if ROUND_A:
+                a = _round_tf32(a, USE_ASM)
+            wrow = w_base + (k0 + tl.arange(0, BK))[:, None] * NP + cc[None, :]
+            acc0 = _dot(a, tl.load(wrow + 0 * BNC), acc0, IS_FP32, PRECISION, SOFT_BF16)
+            acc1 = _dot(a, tl.load(wrow + 1 * BNC), acc1, IS_FP32, PRECISION, SOFT_BF16)
+            acc2 = _dot(a, tl.load(wrow + 2 * BNC), acc2, IS_FP32, PRECISION, SOFT_BF16)
+            acc3 = _dot(a, tl.load(wrow + 3 * BNC), acc3, IS_FP32, PRECISION, SOFT_BF16)
+            acc4 = _dot(a, tl.load(wrow + 4 * BNC), acc4, IS_FP32, PRECISION, SOFT_BF16)
+            acc5 = _dot(a, tl.load(wrow + 5 * BNC), acc5, IS_FP32, PRECISION, SOFT_BF16)
+            acc6 = _dot(a, tl.load(wrow + 6 * BNC), acc6, IS_FP32, PRECISION, SOFT_BF16)
+            acc7 = _dot(a, tl.load(wrow + 7 * BNC), acc7, IS_FP32, PRECISION, SOFT_BF16)
+        if MONO:
+            hi = _max_nan(_max_nan(_max_nan(acc0, acc1), _max_nan(acc2, acc3)),
+                          _max_nan(_max_nan(acc4, acc5), _max_nan(acc6, acc7)))
+            lo = _min_nan(_min_nan(_min_nan(acc0, acc1), _min_nan(acc2, acc3)),
+                          _min_nan(_min_nan(acc4, acc5), _min_nan(acc6, acc7)))
+            best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+        else:
+            best = tl.zeros([BM, BNC], dtype=tl.float32)
+        if exact_needed:
+            # Phase order is max_pool3d's scan order, so a running strict-greater / any-NaN pick is its rule.
+            ex = _phase_value(acc0, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+            ex = _scan_pick(ex, _phase_value(acc1, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc2, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc3, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc4, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc5, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc6, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            ex = _scan_pick(ex, _phase_value(acc7, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
+            best = tl.where(bad[None, :], ex, best) if MONO else ex
+    else:
+        wn = tl.arange(0, NP)
+        acc = tl.zeros([BM, NP], dtype=tl.float32)
+        for k0 in range(0, KP, BK):
+            a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0, CIN_P, BK)
+            if ROUND_A:
+                a = _round_tf32(a, USE_ASM)
+            kk = k0 + tl.arange(0, BK)
+            b = tl.load(w_base + kk[:, None] * NP + wn[None, :])
+            acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
+        ph = tl.reshape(acc, [BM, 8, BNC])
+        if MONO:
+            hi = tl.reduce(ph, 1, _max_nan)
+            lo = tl.reduce(ph, 1, _min_nan)
+            best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+        else:
+            best = tl.zeros([BM, BNC], dtype=tl.float32)
+        if exact_needed:
+            e = _phase_value(ph, mult[None, :], bias[None, :], s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+            idx = tl.broadcast_to(tl.arange(0, 8)[None, :, None], [BM, 8, BNC])
+            ex, _ = tl.reduce((e, idx), 1, _pool_pick)
+            best = tl.where(bad[None, :], ex, best) if MONO else ex
+
+    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
+    o_ptrs = out_ptr + o_row[:, None] + cn.to(tl.int64)[None, :] * soc
+    tl.store(o_ptrs, best.to(io_dtype), mask=row_ok[:, None] & cn_ok[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 tensor rounded to nearest (ties away from zero) onto TF32's 10-bit mantissa; inf/NaN kept."""
+    bits = t.view(torch.int32)
+    rounded = torch.bitwise_and(bits + 0x1000, -0x2000)  # -0x2000 == 0xFFFFE000 as int32
+    special = torch.bitwise_and(bits, 0x7F800000) == 0x7F800000
+    return torch.where(special, bits, rounded).view(torch.float32)
+
+
+# Per dim: which tap k connects neighbour t (0: q, 1: q+1) to phase p (0: output 2q, 1: output 2q+1); -1: none.
+_TAP = ((1, 2), (-1, 0))  # _TAP[t][p]
+
+
+def _tap_index(device) -> torch.Tensor:
+    """[8 neighbours, 8 phases] -> tap index kd*9 + kh*3 + kw into [27 + 1] (27: the zero row)."""
+    idx = torch.full((8, 8), 27, dtype=torch.long)
+    for nb in range(8):
+        for p in range(8):
+            ks = [_TAP[(nb >> s) & 1][(p >> s) & 1] for s in (2, 1, 0)]
+            if min(ks) >= 0:
+                idx[nb, p] = ks[0] * 9 + ks[1] * 3 + ks[2]
+    return idx.to(device)
+
+
+_TAP_CACHE: dict = {}
+
+
+def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool) -> torch.Tensor:
+    """[Cin, Cout, 3, 3, 3] -> [n_blocks, 8 * cin_p, 8 * bnc]: row nb * cin_p + ci, column phase * bnc + c."""
+    cin, cout = weight.shape[0], weight.shape[1]
+    nblk = -(-cout // bnc)
+    key = weight.device
+    if key not in _TAP_CACHE:
+        _TAP_CACHE[key] = _tap_index(weight.device)
+    taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
+    taps = torch.cat([taps, taps.new_zeros(1, cin, cout)])
+    if cin != cin_p or cout != nblk * bnc:
+        taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin))
+    g = taps[_TAP_CACHE[key]]  # [8 nb, 8 phase, cin_p, cout_p]
+    g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
+    return round_tf32(g) if tf32 else g.contiguous()
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    return max(floor, triton.next_power_of_2(max(n, 1)))
+
+
+def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
+                                    w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
+                                    round_a=None, use_asm=None, split=False):
+    """Inference forward (no offsets). x [N, Cin, D, H, W] (any strides), weight [Cin, Cout, 3, 3, 3],
+    mult a contiguous [Cout] tensor. Returns the pooled output in x's memory format."""
+    N, Cin, D, H, W = x.shape
+    Cout = weight.shape[1]
+    op = list(output_padding)
+    Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
+    if out is None:
+        fmt = torch.channels_last_3d if (x.stride(1) == 1 and Cin > 1) else torch.contiguous_format
+        out = torch.empty((N, Cout, Dp, Hp, Wp), device=x.device, dtype=x.dtype, memory_format=fmt)
+    n_pos = N * Dp * Hp * Wp
+    if out.numel() == 0:
+        return out
+    is_fp32 = x.dtype == torch.float32
+    tf32 = is_fp32 and allow_tf32
+    cin_p = _pow2_at_least(Cin, 16 if is_fp32 else 16)
+    bnc = min(_pow2_at_least(Cout, 4), 32)
+    if w_packed is None:
+        w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32)
+    if bm is None:
+        bm = 32 if _INTERPRET else 128
+    if bk is None:
+        bk = min(8 * cin_p, 32 if is_fp32 else 64)
+    if num_warps is None:
+        num_warps = 4 if _INTERPRET else 8
+    if num_stages is None:
+        num_stages = 1 if _INTERPRET else 3
+    if round_a is None:
+        round_a = tf32
+    if use_asm is None:
+        use_asm = not _INTERPRET
+    mono = s1 > 0 and s2 > 0
+    grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _conv_t3d_pool_gemm_kernel[grid](
+            x, w_packed, bias if bias is not None else mult, mult, out,
+            float(s1), float(s2),
+            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+            *x.stride(), *out.stride(),
+            CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=mono,
+            IS_FP32=is_fp32, IS_HALF=not is_fp32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(round_a),
+            USE_ASM=bool(use_asm), SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16,
+            SPLIT=bool(split), BM=bm, BK=bk, num_warps=num_warps, num_stages=num_stages,
+        )
+    return out
