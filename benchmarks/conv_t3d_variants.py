@@ -30,6 +30,12 @@ from torch_fused_ops import _conv_post_pool_gemm_triton as gemm  # noqa: E402
 from torch_fused_ops import _conv_post_pool_triton as exact  # noqa: E402
 from torch_fused_ops._timing import median_us  # noqa: E402
 
+if os.environ.get("VARIANTS_ONCE") == "1":
+    # Under Nsight Compute: one launch per config, no timing loop (ncu serialises and replays every launch).
+    def median_us(fn, device, **_):  # noqa: F811
+        fn()
+        return float("nan")
+
 S1 = 0.2
 
 

@@ -85,45 +85,161 @@ void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const P
   });
 }
 
-// float/double, contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
+// float16/bfloat16 <-> float for the float kernels: bfloat16 through the vectorized SIMD leaves (bit-identical to
+// c10's element conversions), float16 element by element.
+template <typename scalar_t>
+inline void to_float(const scalar_t* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    simd::bf16_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <typename scalar_t>
+inline void from_float(const float* src, scalar_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    simd::float_to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<scalar_t>(src[i]);
+  }
+}
+
+// The four (d, h) input lines under one row of 2x2x2 windows: line (jd, jh) starts at p + jd * sd + jh * sh.
+template <typename T>
+struct Quad {
+  T* p;
+  int64_t sh, sd;
+  T* line(int jd, int jh) const { return p + jd * sd + jh * sh; }
+};
+
+// The 2x2x2 fast paths run the float/double SIMD kernels for every dtype. They compute in acc_t, as the scalar
+// path does: float16/bfloat16 inputs widen exactly, the selected input narrows back exactly and the output is
+// rounded once, so results stay bit-identical. Staging gives a kernel acc_t views of what it reads and writes:
+// float/double tensors are handed through untouched (no copy); float16/bfloat16 go through float buffers,
+// converted on in() and back on store().
+template <typename scalar_t>
+class Staging {
+ public:
+  using acc_t = at::opmath_type<scalar_t>;
+
+  const acc_t* in(const scalar_t* src, int64_t n) {
+    if constexpr (kPassThrough) {
+      return src;
+    } else {
+      float* buf = take(n);
+      to_float(src, buf, n);
+      return buf;
+    }
+  }
+  Quad<const acc_t> in(Quad<const scalar_t> src, int64_t n) {
+    if constexpr (kPassThrough) {
+      return src;
+    } else {
+      float* buf = take(4 * n);
+      for (int q = 0; q < 4; ++q) to_float(src.line(q >> 1, q & 1), buf + q * n, n);
+      return {buf, n, 2 * n};
+    }
+  }
+  acc_t* out(scalar_t* dst, int64_t n) {
+    if constexpr (kPassThrough) {
+      return dst;
+    } else {
+      float* buf = take(n);
+      pending_.push_back({buf, dst, n});
+      return buf;
+    }
+  }
+  Quad<acc_t> out(Quad<scalar_t> dst, int64_t n) {
+    if constexpr (kPassThrough) {
+      return dst;
+    } else {
+      float* buf = take(4 * n);
+      for (int q = 0; q < 4; ++q) pending_.push_back({buf + q * n, dst.line(q >> 1, q & 1), n});
+      return {buf, n, 2 * n};
+    }
+  }
+  // Ends a step: writes back what it staged for output and frees the buffers for the next step.
+  void store() {
+    if constexpr (!kPassThrough) {
+      for (const WriteBack& w : pending_) from_float(w.src, w.dst, w.n);
+      pending_.clear();
+      used_ = 0;
+    }
+  }
+
+ private:
+  static constexpr bool kPassThrough = std::is_same_v<scalar_t, acc_t>;
+  struct WriteBack {
+    const float* src;
+    scalar_t* dst;
+    int64_t n;
+  };
+  // The k-th take() of every step reuses the k-th buffer: steps stage the same sizes in the same order, so only
+  // a task's first step allocates. Each buffer is its own vector, so adding one moves no data that a pointer
+  // handed out earlier in the step refers to.
+  float* take(int64_t n) {
+    if (used_ == bufs_.size()) bufs_.emplace_back();
+    std::vector<float>& b = bufs_[used_++];
+    if (static_cast<int64_t>(b.size()) < n) b.resize(n);
+    return b.data();
+  }
+  std::vector<std::vector<float>> bufs_;
+  size_t used_ = 0;
+  std::vector<WriteBack> pending_;
+};
+
+// Contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
 template <typename scalar_t, typename off_t>
-void forward_rows_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
-  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+void forward_rows_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
   const int64_t rows = g.N * g.C * g.OD * g.OH;
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+    Staging<scalar_t> stage;
     for (int64_t r = begin; r < end; ++r) {
       int64_t nc, od, oh;
       row_coords(r, g, nc, od, oh);
-      const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+      const auto x =
+          stage.in(Quad<const scalar_t>{p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, 2 * g.OW);
       const int64_t o = r * g.OW;
+      acc_t* out = stage.out(p.out + o, g.OW);
+      acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW);
       uint8_t* off = nullptr;
       if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
-      simd::row_2x2x2(base, base + st.h, base + st.d, base + st.d + st.h, g.OW, p.m[(nc % g.C) * p.m_stride], s1,
-                      s2, p.out + o, p.sel == nullptr ? nullptr : p.sel + o, off);
+      simd::row_2x2x2(x.line(0, 0), x.line(0, 1), x.line(1, 0), x.line(1, 1), g.OW,
+                      static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]), s1, s2, out, sel, off);
+      stage.store();
     }
   });
 }
 
-// float/double, channels_last_3d, 2x2x2 exact tiling: a row of pooled positions per call of the vectorized kernel.
+// channels_last_3d, 2x2x2 exact tiling: a row of pooled positions per call of the vectorized kernel.
 template <typename scalar_t, typename off_t>
-void forward_channels_last_2x2x2_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
-                                      double s2d) {
-  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+                                 double s2d) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
-  std::vector<scalar_t> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = p.m[c * p.m_stride];
+  std::vector<acc_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<acc_t>(p.m[c * p.m_stride]);
   const int64_t rows = g.N * g.OD * g.OH;
+  const int64_t line = 2 * g.OW * g.C;  // the input elements of one (n, d, h) line that the windows use
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (g.OW * g.C)), [&](int64_t begin, int64_t end) {
+    Staging<scalar_t> stage;
     for (int64_t r = begin; r < end; ++r) {
       int64_t n, od, oh;
       row_coords(r, g, n, od, oh);
-      const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
+      const auto x =
+          stage.in(Quad<const scalar_t>{p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, line);
       const int64_t o = r * g.OW * g.C;
+      acc_t* out = stage.out(p.out + o, g.OW * g.C);
+      acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW * g.C);
       uint8_t* off = nullptr;
       if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
-      simd::channels_row_2x2x2(x, st.h, st.d, g.OW, g.C, m.data(), s1, s2, p.out + o,
-                               p.sel == nullptr ? nullptr : p.sel + o, off);
+      simd::channels_row_2x2x2(x.p, x.sh, x.sd, g.OW, g.C, m.data(), s1, s2, out, sel, off);
+      stage.store();
     }
   });
 }
@@ -174,94 +290,8 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
   });
 }
 
-// Half-precision <-> float copies for the float kernels below: bfloat16 through the vectorized SIMD leaves
-// (bit-identical to c10's element conversions), float16 element by element.
-template <typename scalar_t>
-inline void to_float(const scalar_t* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    simd::bf16_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-  }
-}
-
-template <typename scalar_t>
-inline void from_float(const float* src, scalar_t* dst, int64_t n) {
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    simd::float_to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<scalar_t>(src[i]);
-  }
-}
-
-// float16/bfloat16: the float SIMD kernels on float copies of the rows (or channel vectors) each step needs.
-// The kernels compute in float either way, so results equal the scalar path; the selected input converts
-// back exactly, the output is rounded once.
-template <typename scalar_t, typename off_t>
-void forward_rows_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
-  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
-  const Strides st = input_strides(g);
-  const int64_t rows = g.N * g.C * g.OD * g.OH;
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(4 * g.W + 2 * g.OW);
-    float* in = buf.data();
-    float* outf = in + 4 * g.W;
-    float* self = outf + g.OW;
-    for (int64_t r = begin; r < end; ++r) {
-      int64_t nc, od, oh;
-      row_coords(r, g, nc, od, oh);
-      const scalar_t* base = p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
-      for (int q = 0; q < 4; ++q) {
-        const scalar_t* src = base + (q >> 1) * st.d + (q & 1) * st.h;
-        to_float(src, in + q * g.W, g.W);
-      }
-      const int64_t o = r * g.OW;
-      uint8_t* off = nullptr;
-      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
-      simd::row_2x2x2(in, in + g.W, in + 2 * g.W, in + 3 * g.W, g.OW,
-                      static_cast<float>(p.m[(nc % g.C) * p.m_stride]), s1, s2, outf,
-                      p.sel == nullptr ? nullptr : self, off);
-      from_float(outf, p.out + o, g.OW);
-      if (p.sel != nullptr) from_float(self, p.sel + o, g.OW);
-    }
-  });
-}
-
-// float16/bfloat16, channels_last_3d, 2x2x2 exact tiling: float copies of the row's four (d, h) input lines,
-// then the float row kernel.
-template <typename scalar_t, typename off_t>
-void forward_channels_last_2x2x2_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
-                                      double s2d) {
-  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
-  const Strides st = input_strides(g);
-  std::vector<float> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(p.m[c * p.m_stride]);
-  const int64_t rows = g.N * g.OD * g.OH;
-  const int64_t line = 2 * g.OW * g.C;  // the input elements of one (n, d, h) line that the windows use
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (g.OW * g.C)), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(4 * line + 2 * g.OW * g.C);
-    float* in = buf.data();
-    float* outf = in + 4 * line;
-    float* self = outf + g.OW * g.C;
-    for (int64_t r = begin; r < end; ++r) {
-      int64_t n, od, oh;
-      row_coords(r, g, n, od, oh);
-      const scalar_t* x = p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h;
-      for (int q = 0; q < 4; ++q) {
-        const scalar_t* src = x + (q >> 1) * st.d + (q & 1) * st.h;
-        to_float(src, in + q * line, line);
-      }
-      const int64_t o = r * g.OW * g.C;
-      uint8_t* off = nullptr;
-      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
-      simd::channels_row_2x2x2(in, line, 2 * line, g.OW, g.C, m.data(), s1, s2, outf,
-                               p.sel == nullptr ? nullptr : self, off);
-      from_float(outf, p.out + o, g.OW * g.C);
-      if (p.sel != nullptr) from_float(self, p.sel + o, g.OW * g.C);
-    }
-  });
-}
-
+// float16/bfloat16, channels_last_3d, any window: as forward_channels_last_simd, on float copies of each
+// tap's C channels.
 template <typename scalar_t, typename off_t>
 void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
                                 double s2d) {
@@ -325,28 +355,20 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
     return;
   }
   if (g.channels_last) {
-    if constexpr (simd_dtype && std::is_same_v<off_t, uint8_t>) {
+    if constexpr (std::is_same_v<off_t, uint8_t>) {
       if (k2) {
-        forward_channels_last_2x2x2_simd(p, g, s1, s2);
-      } else {
-        forward_channels_last_simd(p, g, s1, s2);
+        forward_channels_last_2x2x2(p, g, s1, s2);
+        return;
       }
-    } else if constexpr (simd_dtype) {
+    }
+    if constexpr (simd_dtype) {
       forward_channels_last_simd(p, g, s1, s2);
-    } else if constexpr (std::is_same_v<off_t, uint8_t>) {
-      if (k2) {
-        forward_channels_last_2x2x2_lowp(p, g, s1, s2);
-      } else {
-        forward_channels_last_lowp(p, g, s1, s2);
-      }
     } else {
       forward_channels_last_lowp(p, g, s1, s2);
     }
   } else if (k2) {
-    if constexpr (simd_dtype && std::is_same_v<off_t, uint8_t>) {
-      forward_rows_2x2x2_simd(p, g, s1, s2);
-    } else if constexpr (std::is_same_v<off_t, uint8_t>) {
-      forward_rows_2x2x2_lowp(p, g, s1, s2);
+    if constexpr (std::is_same_v<off_t, uint8_t>) {
+      forward_rows_2x2x2(p, g, s1, s2);
     } else {
       forward_rows<2>(p, g, s1, s2);
     }
@@ -460,101 +482,51 @@ void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off,
   });
 }
 
-// float/double, 2x2x2 exact tiling: per-output window writes through the vectorized helpers; every element
-// inside a window is written, elements past the last window are zeroed first.
+// 2x2x2 exact tiling: per-output window writes through the vectorized helpers; every element inside a window is
+// written, elements past the last window are zeroed first.
 template <typename scalar_t>
-void backward_2x2x2_simd(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
-                         int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
-                         scalar_t* contrib) {
-  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
+                    int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
+                    at::opmath_type<scalar_t>* contrib) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
   if (!g.channels_last) {
     const int64_t rows = g.N * g.C * g.OD * g.OH;
     at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
+      Staging<scalar_t> stage;
       for (int64_t r = begin; r < end; ++r) {
         int64_t nc, od, oh;
         row_coords(r, g, nc, od, oh);
-        scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
+        const auto gx =
+            stage.out(Quad<scalar_t>{gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, 2 * g.OW);
         const int64_t o = r * g.OW;
-        simd::row_2x2x2_backward(go + o, sel + o, off + o, g.OW, mflat[(nc % g.C) * m_stride], s1, s2, base,
-                                 base + st.h, base + st.d, base + st.d + st.h, contrib + o);
+        simd::row_2x2x2_backward(stage.in(go + o, g.OW), stage.in(sel + o, g.OW), off + o, g.OW,
+                                 static_cast<acc_t>(mflat[(nc % g.C) * m_stride]), s1, s2, gx.line(0, 0),
+                                 gx.line(0, 1), gx.line(1, 0), gx.line(1, 1), contrib + o);
+        stage.store();
       }
     });
     return;
   }
-  std::vector<scalar_t> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = mflat[c * m_stride];
+  std::vector<acc_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<acc_t>(mflat[c * m_stride]);
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
   at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
-    std::vector<scalar_t> scratch(g.C);
+    Staging<scalar_t> stage;
+    std::vector<acc_t> scratch(g.C);
     for (int64_t pos = begin; pos < end; ++pos) {
       int64_t n, od, oh, ow;
       position_coords(pos, g, n, od, oh, ow);
-      scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
-      scalar_t* taps[8];
-      for (int t = 0; t < 8; ++t) taps[t] = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
+      // A window's taps w and w + 1 are adjacent runs of C channels, so each of its (d, h) lines is 2 * C long.
+      const auto gx = stage.out(
+          Quad<scalar_t>{gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w, st.h, st.d}, 2 * g.C);
+      acc_t* taps[8];
+      for (int t = 0; t < 8; ++t) taps[t] = gx.line(t >> 2, (t >> 1) & 1) + (t & 1) * g.C;
       const int64_t o = pos * g.C;
-      simd::channels_2x2x2_backward(go + o, sel + o, off + o, m.data(), g.C, s1, s2, taps, contrib + o,
-                                    scratch.data());
-    }
-  });
-}
-
-// float16/bfloat16 version of backward_2x2x2_simd: float copies in, the float kernels, one rounding out.
-template <typename scalar_t>
-void backward_2x2x2_lowp(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
-                         int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
-                         float* contrib) {
-  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
-  const Strides st = input_strides(g);
-  if (!g.channels_last) {
-    const int64_t rows = g.N * g.C * g.OD * g.OH;
-    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / g.OW), [&](int64_t begin, int64_t end) {
-      std::vector<float> buf(2 * g.OW + 4 * 2 * g.OW);
-      float* gof = buf.data();
-      float* self = gof + g.OW;
-      float* gif = self + g.OW;  // four rows of 2*OW
-      for (int64_t r = begin; r < end; ++r) {
-        int64_t nc, od, oh;
-        row_coords(r, g, nc, od, oh);
-        const int64_t o = r * g.OW;
-        to_float(go + o, gof, g.OW);
-        to_float(sel + o, self, g.OW);
-        const int64_t L = 2 * g.OW;
-        simd::row_2x2x2_backward(gof, self, off + o, g.OW, static_cast<float>(mflat[(nc % g.C) * m_stride]), s1, s2,
-                                 gif, gif + L, gif + 2 * L, gif + 3 * L, contrib + o);
-        scalar_t* base = gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h;
-        for (int q = 0; q < 4; ++q) {
-          scalar_t* dst = base + (q >> 1) * st.d + (q & 1) * st.h;
-          from_float(gif + q * L, dst, L);
-        }
-      }
-    });
-    return;
-  }
-  std::vector<float> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(mflat[c * m_stride]);
-  const int64_t positions = g.N * g.OD * g.OH * g.OW;
-  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(11 * g.C);
-    float* gof = buf.data();
-    float* self = gof + g.C;
-    float* scratch = self + g.C;
-    float* taps = scratch + g.C;  // 8 taps of C
-    float* tapp[8];
-    for (int t = 0; t < 8; ++t) tapp[t] = taps + t * g.C;
-    for (int64_t pos = begin; pos < end; ++pos) {
-      int64_t n, od, oh, ow;
-      position_coords(pos, g, n, od, oh, ow);
-      const int64_t o = pos * g.C;
-      to_float(go + o, gof, g.C);
-      to_float(sel + o, self, g.C);
-      simd::channels_2x2x2_backward(gof, self, off + o, m.data(), g.C, s1, s2, tapp, contrib + o, scratch);
-      scalar_t* base = gi + n * st.n + (2 * od) * st.d + (2 * oh) * st.h + (2 * ow) * st.w;
-      for (int t = 0; t < 8; ++t) {
-        scalar_t* dst = base + (t >> 2) * st.d + ((t >> 1) & 1) * st.h + (t & 1) * st.w;
-        from_float(tapp[t], dst, g.C);
-      }
+      simd::channels_2x2x2_backward(stage.in(go + o, g.C), stage.in(sel + o, g.C), off + o, m.data(), g.C, s1, s2,
+                                    taps, contrib + o, scratch.data());
+      stage.store();
     }
   });
 }
@@ -589,22 +561,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
         const scalar_t* bp = bflat.defined() ? bflat.const_data_ptr<scalar_t>() : nullptr;
         acc_t* cb = contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr;
         const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-        if (bp == nullptr) {
-          if constexpr ((std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) &&
-                        std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-            if (k2) {
-              if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-              backward_2x2x2_simd<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
-                                            std::get<4>(args), g, s1, s2, gi, ct);
-              return;
-            }
-          } else if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-            if (k2) {
-              if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-              backward_2x2x2_lowp<scalar_t>(std::get<0>(args), std::get<1>(args), off_ptr, std::get<3>(args),
-                                            std::get<4>(args), g, s1, s2, gi, ct);
-              return;
-            }
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+          if (bp == nullptr && k2) {
+            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+            std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
+            return;
           }
         }
         std::apply([&](auto... a) {

@@ -28,7 +28,7 @@ note "profile_calls: rc=$? in $((SECONDS - t0)) s"
 t0=$SECONDS
 timeout 120 ncu --clock-control none -k regex:gemm --metrics \
 gpu__time_duration.sum,dram__bytes_read.sum,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,sm__throughput.avg.pct_of_peak_sustained_elapsed \
-  --csv python3 benchmarks/conv_t3d_variants.py --quick > "$T/ncu.csv" 2> "$T/ncu.log"
+  --csv env VARIANTS_ONCE=1 python3 benchmarks/conv_t3d_variants.py --quick > "$T/ncu.csv" 2> "$T/ncu.log"
 note "ncu: rc=$? in $((SECONDS - t0)) s"
 python3 - "$T/ncu.csv" >> "$summary" <<'PY'
 import csv, sys, collections
