@@ -105,7 +105,8 @@ inline void from_float(const float* src, scalar_t* dst, int64_t n) {
   }
 }
 
-// The four (d, h) input lines under one row of 2x2x2 windows: line (jd, jh) starts at p + jd * sd + jh * sh.
+// The four (d, h) lines of input (or grad_input) under one row of 2x2x2 windows: line (jd, jh) starts at
+// p + jd * sd + jh * sh.
 template <typename T>
 struct Quad {
   T* p;
