@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Development loop on the H200, one device call: build, the Triton kernel's tests alone (one process, launches
-# blocking, stop at the first failure), the other CUDA tests, the Triton check, Nsight Compute counters for each
-# kernel, and the benchmark at the default size. At most 8 files go to $OUT (the device tool's limit).
+# Development loop on the H200, one device call. Steps (each can be switched off, so that a call fits the
+# device tool's 10-minute limit):
+#   build the extension (in the background) while benchmarks/conv_t3d_variants.py times the fused-convolution
+#   kernels' configs (pure Python)                                     [SKIP_VARIANTS=1 to skip]
+#   the Triton kernels' tests alone (one process, launches blocking, stop at the first failure)  [SKIP_TESTS=1]
+#   the other CUDA tests (pytest-xdist when present)                                               [SKIP_TESTS=1]
+#   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py)                         [PROFILE=1]
+#   Nsight Compute counters of every kernel (benchmarks/profile_post_pool.py)                      [NCU=1]
+#   the benchmark at the default size with the whole-Model configurations                          [SKIP_BENCH=1]
+# At most 8 files go to $OUT (the device tool's limit); the rest stay in /tmp.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_dev_out}
 T=/tmp/gpu_dev_work; mkdir -p "$OUT" "$T"
@@ -9,29 +16,40 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 summary="$OUT/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); torch $(python3 -c 'import torch; print(torch.__version__)')"
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); torch $(python3 -c 'import torch; print(torch.__version__)'); triton $(python3 -c 'import triton; print(triton.__version__)')"
 t0=$SECONDS
-python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1 || { tail -30 "$T/build.log"; note "BUILD FAILED"; exit 1; }
-note "build ok in $((SECONDS - t0)) s"
-t0=$SECONDS
-CUDA_LAUNCH_BLOCKING=1 timeout 150 python3 -m pytest tests/test_conv_post_pool_triton.py -x -q -p no:cacheprovider \
-  > "$OUT/pytest_triton.log" 2>&1
-note "pytest triton (serial, -x): rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest_triton.log")"
-par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
-t0=$SECONDS
-timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/test_conv_post_pool_triton.py \
-  -k "${TESTS_K:-cuda or conv}" $par > "$OUT/pytest.log" 2>&1
-note "pytest rest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$summary"
-if [ -z "${SKIP_TRITON_BENCH:-}" ]; then
-  timeout 150 python3 benchmarks/conv_post_pool_triton_gpu.py > "$T/triton.log" 2>&1
-  note "triton conv+post_pool: rc=$?"; tail -16 "$T/triton.log" >> "$summary"
+( python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1; echo $? > "$T/build.rc" ) &
+if [ -z "${SKIP_VARIANTS:-}" ]; then
+  timeout ${VARIANTS_TIMEOUT:-240} python3 benchmarks/conv_t3d_variants.py ${VARIANTS_ARGS:-} > "$OUT/variants.log" 2>&1
+  note "variants: rc=$? in $((SECONDS - t0)) s"; sed -n '/^| kernel/,$p' "$OUT/variants.log" >> "$summary"
 fi
-timeout 90 ncu --clock-control none -k regex:post_pool --metrics \
+wait
+note "build rc=$(cat $T/build.rc) after $((SECONDS - t0)) s"
+[ "$(cat $T/build.rc)" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
+if [ -z "${SKIP_TESTS:-}" ]; then
+  t0=$SECONDS
+  CUDA_LAUNCH_BLOCKING=1 timeout ${TRITON_TEST_TIMEOUT:-240} python3 -m pytest tests/test_conv_post_pool_triton.py \
+    tests/test_conv_infer_op.py -x -q -p no:cacheprovider > "$OUT/pytest_triton.log" 2>&1
+  note "pytest triton (serial, -x): rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest_triton.log")"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest_triton.log" | head -5 | tee -a "$summary"
+  par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+  t0=$SECONDS
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/test_conv_post_pool_triton.py \
+    --ignore=tests/test_conv_infer_op.py -k "${TESTS_K:-cuda or conv}" $par > "$OUT/pytest.log" 2>&1
+  note "pytest rest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$summary"
+fi
+if [ -n "${PROFILE:-}" ]; then
+  t0=$SECONDS
+  timeout 150 python3 benchmarks/profile_calls.py > "$OUT/profile.log" 2>&1
+  note "profile_calls: rc=$? in $((SECONDS - t0)) s"
+fi
+if [ -n "${NCU:-}" ]; then
+  timeout 90 ncu --clock-control none -k regex:post_pool --metrics \
 gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
-  --csv python3 benchmarks/profile_post_pool.py > "$T/ncu.csv" 2> "$T/ncu.log"
-note "ncu: rc=$?"
-python3 - "$T/ncu.csv" >> "$summary" <<'PY'
+    --csv python3 benchmarks/profile_post_pool.py > "$T/ncu.csv" 2> "$T/ncu.log"
+  note "ncu: rc=$?"
+  python3 - "$T/ncu.csv" >> "$summary" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: print("no ncu rows"); sys.exit()
@@ -43,7 +61,12 @@ for r in rows[1:]:
 for (i, name), m in k.items():
     print(i, name, " | ".join(f"{a.split('__')[1][:22]}={b}" for a, b in m.items()))
 PY
-timeout 300 python3 -m torch_fused_ops.bench --shapes "${BENCH_SHAPES:-16,32,32,64,64}" --model-configs "${MODEL_CONFIGS:-fp32,bf16,fp32-b1,fp32-strict}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
-note "bench: rc=$?"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
-tail -5 "$T/bench.log" >> "$summary"
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  t0=$SECONDS
+  timeout ${BENCH_TIMEOUT:-300} python3 -m torch_fused_ops.bench --shapes "${BENCH_SHAPES:-16,32,32,64,64}" \
+    --model-configs "${MODEL_CONFIGS:-fp32,bf16,fp32-b1,fp32-strict}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
+  note "bench: rc=$? in $((SECONDS - t0)) s"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
+  tail -5 "$T/bench.log" >> "$summary"
+fi
 echo "================ summary ================"; cat "$summary"

@@ -408,3 +408,19 @@ def test_grads_2x2x2_backward_paths(device, layout, dtype, shape):
         tol = GRAD_TOL_LOW[dtype]
         torch.testing.assert_close(gx.double(), gx_e, **tol)
         torch.testing.assert_close(gm.double(), gm_e, rtol=tol["rtol"], atol=tol["atol"] * 10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's per-channel reduction")
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_grad_multiplier_is_deterministic_on_cuda(layout):
+    # The multiplier gradient sums per-warp partials in a fixed order (no atomics): repeated calls agree bit for
+    # bit. Large enough that the channels_last reduction takes its two-launch form.
+    x = make_input((4, 16, 32, 64, 64), torch.float32, "cuda", layout, seed=3)
+    m = make_multiplier("C111", 16, torch.float32, "cuda")
+    cfg = POOL_CONFIGS["k2s2"]
+    g = grad_output_for(x, m, cfg, seed=4)
+    first = op_grads(x, m, g, cfg)[2]
+    for _ in range(3):
+        assert_bitwise_equal(op_grads(x, m, g, cfg)[2], first, "grad_multiplier")
+    _, _, gm_e = eager_grads(x.double(), m.double(), g.double(), cfg)
+    torch.testing.assert_close(first.double(), gm_e, **grad_multiplier_tol(x, g, torch.float32))

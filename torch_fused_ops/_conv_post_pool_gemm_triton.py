@@ -144,10 +144,65 @@ def _mono_epilogue(hi, lo, mult, bias, s1, s2, IO_DTYPE: tl.constexpr, IS_HALF: 
     return _phase_value(r, mult, bias, s1, s2, IO_DTYPE, IS_HALF, SOFT_BF16)
 
 
+# What _packed_gemm accumulates (see the kernel's non-finite correction).
+_PRODUCT = tl.constexpr(0)  # x @ W
+_FINITE = tl.constexpr(1)  # x with its infinities zeroed @ W
+_POS_INF = tl.constexpr(2)  # per output, how many products are +inf (inf * w with matching signs)
+_NEG_INF = tl.constexpr(3)  # ... -inf
+_INF_TIMES_ZERO = tl.constexpr(4)  # ... inf * a zero weight of a real tap (NaN, as in cuDNN)
+
+
 @triton.jit
-def _scan_pick(best, e):
-    # max_pool3d's running rule for the next element in scan order: strictly greater or NaN replaces.
-    return tl.where((e > best) | (e != e), e, best)
+def _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
+                 CIN_P: tl.constexpr, BNC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
+                 IS_FP32: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr, USE_ASM: tl.constexpr,
+                 SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr):
+    KP: tl.constexpr = 8 * CIN_P
+    NP: tl.constexpr = 8 * BNC
+    wn = tl.arange(0, NP)
+    acc = tl.zeros([BM, NP], dtype=tl.float32)
+    for k0 in range(0, KP, BK):
+        a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0, CIN_P, BK)
+        kk = k0 + tl.arange(0, BK)
+        if W_KMAJOR:
+            # Weight stored [NP, KP] (K contiguous): the operand layout TF32 tensor-core instructions take.
+            b = tl.load(w_base + wn[None, :] * KP + kk[:, None])
+        else:
+            b = tl.load(w_base + kk[:, None] * NP + wn[None, :])
+        if MODE == 0:
+            if ROUND_A:
+                a = _round_tf32(a, USE_ASM)
+            acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
+        else:
+            inf_a = tl.abs(a) == float("inf")
+            if MODE == 1:
+                a = tl.where(inf_a, tl.zeros(a.shape, a.dtype), a)
+                if ROUND_A:
+                    a = _round_tf32(a, USE_ASM)
+                acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
+            else:
+                # 0/1 indicator matrices (built in fp32, exact in any dtype): the counts are small integers,
+                # exact in any dot precision.
+                pos_a = tl.where(inf_a & (a > 0), 1.0, 0.0).to(a.dtype)
+                neg_a = tl.where(inf_a & (a < 0), 1.0, 0.0).to(a.dtype)
+                if MODE == 4:
+                    # A zero weight of a real tap (not a structural zero of the packing: neighbour bits within
+                    # the phase bits) turns an infinite input into NaN.
+                    nb = kk // CIN_P
+                    ph = wn // BNC
+                    real = (nb[:, None] & (7 - ph[None, :])) == 0
+                    acc = _dot(pos_a + neg_a, tl.where(real & (b == 0), 1.0, 0.0).to(b.dtype), acc, IS_FP32,
+                               PRECISION, SOFT_BF16)
+                else:
+                    b_pos = tl.where(b > 0, 1.0, 0.0).to(b.dtype)
+                    b_neg = tl.where(b < 0, 1.0, 0.0).to(b.dtype)
+                    if MODE == 2:
+                        acc = _dot(pos_a, b_pos, acc, IS_FP32, PRECISION, SOFT_BF16)
+                        acc = _dot(neg_a, b_neg, acc, IS_FP32, PRECISION, SOFT_BF16)
+                    else:
+                        acc = _dot(pos_a, b_neg, acc, IS_FP32, PRECISION, SOFT_BF16)
+                        acc = _dot(neg_a, b_pos, acc, IS_FP32, PRECISION, SOFT_BF16)
+    return acc
 
 
 @triton.jit
@@ -159,8 +214,8 @@ def _conv_t3d_pool_gemm_kernel(
     son, soc, sod, soh, sow,
     CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
-    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr,
-    SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -180,8 +235,31 @@ def _conv_t3d_pool_gemm_kernel(
     n = t // Dp
     x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
 
-    # Packed weight [n_blocks, KP, NP], column = phase * BNC + channel within the block.
+    # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR), column = phase * BNC + channel in the block.
     w_base = w_ptr + pid_n * (KP * NP)
+    acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                       BM, BK, _PRODUCT, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+    if tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32)) > 0:
+        # Rare: a non-finite result. The packing's structural zeros met an infinite input (inf * 0 = NaN where the
+        # convolution has no such product) or the tile holds NaN / overflows. Recompute the tile with the
+        # infinities taken out of the product and counted per output instead, as the convolution would see them:
+        # any inf * 0 of a real tap, or +inf and -inf together, gives NaN; otherwise the sign of the infinities.
+        # A NaN spread by a structural zero stays: a NaN input reaches every window it touches through a real
+        # tap too, so max_pool3d returns NaN for those windows either way.
+        code = tl.where(_packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
+                                     CIN_P, BNC, BM, BK, _INF_TIMES_ZERO, IS_FP32, PRECISION, ROUND_A, USE_ASM,
+                                     SOFT_BF16, W_KMAJOR) > 0, 3.0, 0.0)
+        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _POS_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        code = tl.where((code == 0) & (cnt > 0), 1.0, code)
+        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _NEG_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        code = tl.where(cnt > 0, tl.where(code == 0, 2.0, 3.0), code)
+        acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _FINITE, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        acc = tl.where(code == 3.0, float("nan"),
+                       tl.where(code == 1.0, float("inf"), tl.where(code == 2.0, float("-inf"), acc)))
+
     cn = pid_n * BNC + tl.arange(0, BNC)
     cn_ok = cn < Cout
     mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
@@ -189,78 +267,22 @@ def _conv_t3d_pool_gemm_kernel(
         bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BNC], dtype=tl.float32)
-    # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) need the exact per-phase selection.
+    # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
     bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+    ph = tl.reshape(acc, [BM, 8, BNC])
     if MONO:
+        hi = tl.reduce(ph, 1, _max_nan)
+        lo = tl.reduce(ph, 1, _min_nan)
+        best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
         exact_needed = tl.sum(bad.to(tl.int32), 0) > 0
     else:
+        best = tl.zeros([BM, BNC], dtype=tl.float32)
         exact_needed = True
-
-    if SPLIT:
-        # One [BM, BNC] accumulator per phase: eight N = BNC dots per K chunk, no reshape of the accumulator.
-        cc = tl.arange(0, BNC)
-        acc0 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc1 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc2 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc3 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc4 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc5 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc6 = tl.zeros([BM, BNC], dtype=tl.float32)
-        acc7 = tl.zeros([BM, BNC], dtype=tl.float32)
-        for k0 in range(0, KP, BK):
-            a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0, CIN_P, BK)
-            if ROUND_A:
-                a = _round_tf32(a, USE_ASM)
-            wrow = w_base + (k0 + tl.arange(0, BK))[:, None] * NP + cc[None, :]
-            acc0 = _dot(a, tl.load(wrow + 0 * BNC), acc0, IS_FP32, PRECISION, SOFT_BF16)
-            acc1 = _dot(a, tl.load(wrow + 1 * BNC), acc1, IS_FP32, PRECISION, SOFT_BF16)
-            acc2 = _dot(a, tl.load(wrow + 2 * BNC), acc2, IS_FP32, PRECISION, SOFT_BF16)
-            acc3 = _dot(a, tl.load(wrow + 3 * BNC), acc3, IS_FP32, PRECISION, SOFT_BF16)
-            acc4 = _dot(a, tl.load(wrow + 4 * BNC), acc4, IS_FP32, PRECISION, SOFT_BF16)
-            acc5 = _dot(a, tl.load(wrow + 5 * BNC), acc5, IS_FP32, PRECISION, SOFT_BF16)
-            acc6 = _dot(a, tl.load(wrow + 6 * BNC), acc6, IS_FP32, PRECISION, SOFT_BF16)
-            acc7 = _dot(a, tl.load(wrow + 7 * BNC), acc7, IS_FP32, PRECISION, SOFT_BF16)
-        if MONO:
-            hi = _max_nan(_max_nan(_max_nan(acc0, acc1), _max_nan(acc2, acc3)),
-                          _max_nan(_max_nan(acc4, acc5), _max_nan(acc6, acc7)))
-            lo = _min_nan(_min_nan(_min_nan(acc0, acc1), _min_nan(acc2, acc3)),
-                          _min_nan(_min_nan(acc4, acc5), _min_nan(acc6, acc7)))
-            best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-        else:
-            best = tl.zeros([BM, BNC], dtype=tl.float32)
-        if exact_needed:
-            # Phase order is max_pool3d's scan order, so a running strict-greater / any-NaN pick is its rule.
-            ex = _phase_value(acc0, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-            ex = _scan_pick(ex, _phase_value(acc1, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc2, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc3, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc4, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc5, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc6, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            ex = _scan_pick(ex, _phase_value(acc7, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16))
-            best = tl.where(bad[None, :], ex, best) if MONO else ex
-    else:
-        wn = tl.arange(0, NP)
-        acc = tl.zeros([BM, NP], dtype=tl.float32)
-        for k0 in range(0, KP, BK):
-            a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, k0, CIN_P, BK)
-            if ROUND_A:
-                a = _round_tf32(a, USE_ASM)
-            kk = k0 + tl.arange(0, BK)
-            b = tl.load(w_base + kk[:, None] * NP + wn[None, :])
-            acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
-        ph = tl.reshape(acc, [BM, 8, BNC])
-        if MONO:
-            hi = tl.reduce(ph, 1, _max_nan)
-            lo = tl.reduce(ph, 1, _min_nan)
-            best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-        else:
-            best = tl.zeros([BM, BNC], dtype=tl.float32)
-        if exact_needed:
-            e = _phase_value(ph, mult[None, :], bias[None, :], s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-            idx = tl.broadcast_to(tl.arange(0, 8)[None, :, None], [BM, 8, BNC])
-            ex, _ = tl.reduce((e, idx), 1, _pool_pick)
-            best = tl.where(bad[None, :], ex, best) if MONO else ex
+    if exact_needed:
+        e = _phase_value(ph, mult[None, :], bias[None, :], s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+        idx = tl.broadcast_to(tl.arange(0, 8)[None, :, None], [BM, 8, BNC])
+        ex, _ = tl.reduce((e, idx), 1, _pool_pick)
+        best = tl.where(bad[None, :], ex, best) if MONO else ex
 
     o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
     o_ptrs = out_ptr + o_row[:, None] + cn.to(tl.int64)[None, :] * soc
@@ -282,22 +304,31 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 _TAP = ((1, 2), (-1, 0))  # _TAP[t][p]
 
 
-def _tap_index(device) -> torch.Tensor:
-    """[8 neighbours, 8 phases] -> tap index kd*9 + kh*3 + kw into [27 + 1] (27: the zero row)."""
-    idx = torch.full((8, 8), 27, dtype=torch.long)
+def tap_table() -> list[list[int | None]]:
+    """[8 neighbours][8 phases] -> tap index kd*9 + kh*3 + kw, or None where the phase has no tap from that
+    neighbour (27 of the 64 pairs have one)."""
+    table = []
     for nb in range(8):
+        row = []
         for p in range(8):
             ks = [_TAP[(nb >> s) & 1][(p >> s) & 1] for s in (2, 1, 0)]
-            if min(ks) >= 0:
-                idx[nb, p] = ks[0] * 9 + ks[1] * 3 + ks[2]
-    return idx.to(device)
+            row.append(ks[0] * 9 + ks[1] * 3 + ks[2] if min(ks) >= 0 else None)
+        table.append(row)
+    return table
+
+
+def _tap_index(device) -> torch.Tensor:
+    """tap_table as a [8, 8] index into the 27 taps plus a zero row (index 27)."""
+    return torch.tensor([[27 if t is None else t for t in row] for row in tap_table()], device=device)
 
 
 _TAP_CACHE: dict = {}
 
 
-def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool) -> torch.Tensor:
-    """[Cin, Cout, 3, 3, 3] -> [n_blocks, 8 * cin_p, 8 * bnc]: row nb * cin_p + ci, column phase * bnc + c."""
+def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool,
+                kmajor: bool = False) -> torch.Tensor:
+    """[Cin, Cout, 3, 3, 3] -> [n_blocks, 8 * cin_p, 8 * bnc]: row nb * cin_p + ci, column phase * bnc + c
+    (``kmajor``: the transpose of each block, [n_blocks, 8 * bnc, 8 * cin_p], contiguous)."""
     cin, cout = weight.shape[0], weight.shape[1]
     nblk = -(-cout // bnc)
     key = weight.device
@@ -309,7 +340,9 @@ def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, 
         taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin))
     g = taps[_TAP_CACHE[key]]  # [8 nb, 8 phase, cin_p, cout_p]
     g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
-    return round_tf32(g) if tf32 else g.contiguous()
+    if kmajor:
+        g = g.transpose(1, 2)
+    return round_tf32(g.contiguous()) if tf32 else g.contiguous()
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -318,7 +351,7 @@ def _pow2_at_least(n: int, floor: int) -> int:
 
 def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
                                     w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
-                                    round_a=None, use_asm=None, split=False):
+                                    round_a=None, use_asm=None, w_kmajor=False):
     """Inference forward (no offsets). x [N, Cin, D, H, W] (any strides), weight [Cin, Cout, 3, 3, 3],
     mult a contiguous [Cout] tensor. Returns the pooled output in x's memory format."""
     N, Cin, D, H, W = x.shape
@@ -336,7 +369,7 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
     cin_p = _pow2_at_least(Cin, 16 if is_fp32 else 16)
     bnc = min(_pow2_at_least(Cout, 4), 32)
     if w_packed is None:
-        w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32)
+        w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32, w_kmajor)
     if bm is None:
         bm = 32 if _INTERPRET else 128
     if bk is None:
@@ -360,6 +393,6 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
             CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=mono,
             IS_FP32=is_fp32, IS_HALF=not is_fp32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(round_a),
             USE_ASM=bool(use_asm), SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16,
-            SPLIT=bool(split), BM=bm, BK=bk, num_warps=num_warps, num_stages=num_stages,
+            W_KMAJOR=bool(w_kmajor), BM=bm, BK=bk, num_warps=num_warps, num_stages=num_stages,
         )
     return out

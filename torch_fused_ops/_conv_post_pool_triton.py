@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from . import _geometry
+from ._conv_post_pool_gemm_triton import _round_tf32, round_tf32
 
 __all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -112,7 +113,8 @@ def _phase_acc_held(x000, x001, x010, x011, x100, x101, x110, x111, w_ptr, cn,
 def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
                        PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
                        CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
+                       BN: tl.constexpr, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
+                       ROUND_TF32: tl.constexpr, USE_ASM: tl.constexpr):
     # Cin larger than one chunk: holding 8 neighbour tiles of all of Cin would not fit in registers, so each tap
     # reloads its chunk; the repeated loads of a neighbour within a phase should be cache hits.
     acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -122,6 +124,8 @@ def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh
                 for tw in tl.static_range(PW + 1):
                     xt = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, k0, Cin,
                                  td, th, tw, BK)
+                    if ROUND_TF32:
+                        xt = _round_tf32(xt, USE_ASM)
                     wt = _w_tile(w_ptr, (1 + PD - 2 * td) * 9 + (1 + PH - 2 * th) * 3 + (1 + PW - 2 * tw), k0, cn,
                                  CIN_P, COUT_P, BK)
                     acc = _mma(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
@@ -162,7 +166,7 @@ def _conv_t3d_post_pool_kernel(
     sb, sm,
     CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr, IS_FP32: tl.constexpr, IS_HALF: tl.constexpr,
-    PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr, ROUND_TF32: tl.constexpr, USE_ASM: tl.constexpr,
     BM: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -199,6 +203,18 @@ def _conv_t3d_post_pool_kernel(
         x110 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 1, 0, BK)
         x111 = _x_tile(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, 0, Cin, 1, 1, 1, BK)
 
+        if ROUND_TF32:
+            # TF32 tensor cores drop the low 13 mantissa bits (truncation, biased); round to nearest once here
+            # (the host rounds the packed weight), as cuDNN's TF32 convolution does.
+            x000 = _round_tf32(x000, USE_ASM)
+            x001 = _round_tf32(x001, USE_ASM)
+            x010 = _round_tf32(x010, USE_ASM)
+            x011 = _round_tf32(x011, USE_ASM)
+            x100 = _round_tf32(x100, USE_ASM)
+            x101 = _round_tf32(x101, USE_ASM)
+            x110 = _round_tf32(x110, USE_ASM)
+            x111 = _round_tf32(x111, USE_ASM)
+
     best = tl.full([BM, BN], float("-inf"), tl.float32)
     sel = tl.zeros([BM, BN], dtype=tl.float32)
     off = tl.zeros([BM, BN], dtype=tl.int32)
@@ -211,7 +227,7 @@ def _conv_t3d_post_pool_kernel(
         else:
             acc = _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
                                      p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION,
-                                     SOFT_BF16)
+                                     SOFT_BF16, ROUND_TF32, USE_ASM)
         y = acc
         if HAS_BIAS:
             y = y + bias[None, :]
@@ -343,7 +359,7 @@ def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(max(n, 1)))
 
 
-def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dtype) -> torch.Tensor:
+def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dtype, tf32: bool = False) -> torch.Tensor:
     """[Cin, Cout, 3, 3, 3] -> zero-padded contiguous [27, CIN_P, COUT_P], tap index kd*9 + kh*3 + kw.
 
     Repacked on every call: a cache keyed on the weight tensor would go stale on in-place edits that bypass the
@@ -354,21 +370,24 @@ def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dty
     # detach: the kernel is forward-only; packing must not record autograd history.
     taps = weight.detach().permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
     if cin == cin_p and cout == cout_p:
-        return taps.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
-    packed = torch.zeros((27, cin_p, cout_p), device=weight.device, dtype=dtype)
-    packed[:, :cin, :cout].copy_(taps)
-    return packed
+        packed = taps.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+    else:
+        packed = torch.zeros((27, cin_p, cout_p), device=weight.device, dtype=dtype)
+        packed[:, :cin, :cout].copy_(taps)
+    # TF32: round to nearest here, since the tensor cores would truncate (the kernel rounds the input tiles).
+    return round_tf32(packed) if tf32 else packed
 
 
 def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                       multiplier_1d: torch.Tensor, negative_slope: float, negative_slope2: float,
-                                      output_padding, allow_tf32: bool, with_offsets: bool):
+                                      output_padding, allow_tf32: bool, with_offsets: bool, kernel_wrapper=None):
     """max_pool3d(leaky(leaky(conv_transpose3d(x, weight, bias, stride=2, padding=1, output_padding), s1) * m, s2),
     kernel 2, stride 2).
 
     Returns ``out`` or, with ``with_offsets``, ``(out, selected, offsets)``: ``selected`` is the conv output
     (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
     offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
+    ``kernel_wrapper`` (``torch.library.wrap_triton`` when traced by torch.compile) wraps the kernel before launch.
     """
     # fused.conv_transpose3d_post_pool checks every argument first (with the messages users see); these are
     # the kernel's own preconditions, kept because the kernel would read out of bounds without them.
@@ -410,12 +429,15 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     n_pos = N * Dp * Hp * Wp
     if n_pos >= 2**31:
         raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
-    cin_p = _pow2_at_least(Cin, 16)
-    cout_p = _pow2_at_least(Cout, 16)
+    # Channel counts size the program's tiles: under dynamic-shape tracing int() specialises them (the weight's
+    # shape fixes them anyway), while the batch and spatial sizes stay symbolic.
+    cin_p = _pow2_at_least(int(Cin), 16)
+    cout_p = _pow2_at_least(int(Cout), 16)
     bk = min(cin_p, _pow2_at_least(_MAX_BK, 16))
     bn = min(cout_p, _pow2_at_least(_MAX_BN, 16))
-    w_packed = _pack_weight(weight, cin_p, cout_p, x.dtype)
     is_fp32 = x.dtype == torch.float32
+    tf32 = is_fp32 and allow_tf32
+    w_packed = _pack_weight(weight, cin_p, cout_p, x.dtype, tf32)
     soft_bf16 = _INTERPRET and x.dtype == torch.bfloat16
 
     def grid(meta):
@@ -432,7 +454,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
         _last_fixed = cfg = _fixed_config(precision)
         launch = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=1)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _kernel[grid](
+        (kernel_wrapper or (lambda k: k))(_kernel)[grid](
             x, w_packed, b_arg, mult, out, sel_arg, off_arg,
             float(negative_slope), float(negative_slope2),
             n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
@@ -441,7 +463,8 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
             sb, mult.stride(0),
             CIN_P=cin_p, COUT_P=cout_p, BK=bk, BN=bn,
             HAS_BIAS=bias is not None, WITH_OFFSETS=bool(with_offsets), IS_FP32=is_fp32,
-            IS_HALF=not is_fp32, PRECISION=precision, SOFT_BF16=soft_bf16, **launch,
+            IS_HALF=not is_fp32, PRECISION=precision, SOFT_BF16=soft_bf16, ROUND_TF32=tf32, USE_ASM=not _INTERPRET,
+            **launch,
         )
     return result
 

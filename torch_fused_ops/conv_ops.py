@@ -145,6 +145,12 @@ def _forward(with_offsets, input, weight, bias, stride, padding, output_padding,
         if tri.fused_path_applies(input, weight, stride, padding, output_padding, groups, dilation, k, s, p, d,
                                   ceil_mode):
             m1 = multiplier.reshape(-1).expand(ysize[1]).contiguous()
+            if not with_offsets:
+                # Inference: the kernel choice per dtype shared with compiled graphs (see _conv_triton_op).
+                from . import _conv_triton_op
+
+                return _conv_triton_op.launch(input, weight, bias, m1, negative_slope, s2, list(output_padding),
+                                              torch.backends.cudnn.allow_tf32)
             return tri.conv_transpose3d_post_pool_triton(
                 input, weight, bias, m1, negative_slope, s2, list(output_padding),
                 allow_tf32=torch.backends.cudnn.allow_tf32, with_offsets=with_offsets)

@@ -286,6 +286,25 @@ def _fusable_conv_transpose(x: Node, m: Node, k, st, pad, dil, ceil) -> list | N
     return [b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation]
 
 
+def _inductor_visible_conv(args: list) -> tuple[Any, list]:
+    """The "cuda" conv route (an inference graph on the fused path, as _fusable_conv_transpose checked) as a call
+    of fused.conv_transpose3d_post_pool_infer, the triton_op that Inductor traces into and launches itself
+    (see _conv_triton_op); the public op where the slopes are not plain numbers.
+
+    TF32 is decided here, from torch.backends.cudnn.allow_tf32 at compile time: a compiled graph keeps the choice
+    it was compiled with (the pass's uuid includes the flag, so cached graphs follow it).
+    """
+    (x, w, b, _stride, _padding, output_padding, _groups, _dilation, m, s1, _k, _st, _pad, _dil, _ceil,
+     s2) = args
+    s2 = s1 if s2 is None else s2
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (s1, s2)):
+        return _FUSED_CONV, args
+    from . import _conv_triton_op  # registers the op; imports Triton
+
+    return (torch.ops.fused.conv_transpose3d_post_pool_infer.default,
+            [x, w, b, m, float(s1), float(s2), list(output_padding), bool(torch.backends.cudnn.allow_tf32)])
+
+
 def _foldable_conv_bias(x: Node) -> Node | None:
     """The bias node of the convolution producing `x`, if it may move into the fused op (see FOLD_CONV_BIAS)."""
     if FOLD_CONV_BIAS not in ("cuda", "always") or x.op != "call_function" or x.target not in _CONV_SIGS:
@@ -326,10 +345,16 @@ def _drop_conv_bias(conv: Node) -> None:
 def _source_digest() -> str:
     """Hash of the package version and the source of this pass and of the fake/autograd code. Read once: uuid()
     runs for every compilation's cache key (and, on torch 2.11, whenever the hook's value is pickled)."""
-    from . import __version__, _conv_post_pool_triton, _geometry, conv_ops, ops
+    from . import __version__, _geometry, conv_ops, ops
 
     h = hashlib.sha256(__version__.encode())
-    for mod in (sys.modules[__name__], ops, _geometry, conv_ops, _conv_post_pool_triton):
+    for mod in (sys.modules[__name__], ops, _geometry, conv_ops):
+        h.update(inspect.getsource(mod).encode())
+    try:  # the Triton kernels and their launchers (the conv route's fake strides and code come from them)
+        from . import _conv_post_pool_gemm_triton, _conv_post_pool_triton, _conv_triton_op
+    except ImportError:  # no Triton: the conv route cannot take the fused path
+        return h.hexdigest()
+    for mod in (_conv_post_pool_triton, _conv_post_pool_gemm_triton, _conv_triton_op):
         h.update(inspect.getsource(mod).encode())
     return h.hexdigest()
 
@@ -377,7 +402,8 @@ class PostPoolFusionPass(CustomGraphPass):
         # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
         # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
         h = hashlib.sha256(
-            f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}|fuse_conv_transpose={FUSE_CONV_TRANSPOSE}".encode())
+            f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}|fuse_conv_transpose={FUSE_CONV_TRANSPOSE}"
+            f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None
@@ -401,6 +427,8 @@ def rewrite(graph: Graph) -> int:
         if with_bias:
             _drop_conv_bias(args[0])
         target = _FUSED_CONV if len(args) == 16 else _FUSED_BIAS if with_bias else _FUSED
+        if target is _FUSED_CONV and FUSE_CONV_TRANSPOSE == "cuda":
+            target, args = _inductor_visible_conv(args)
         with graph.inserting_before(anchor):
             fused = graph.call_function(target, tuple(args))
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):

@@ -563,6 +563,114 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
   }
 }
 
+// ---- per-channel sum of the fast path's partials ---------------------------------------------------------
+// The partials are small but strided per channel, and aten's two-axis sum of them cost more than a fifth of the
+// whole backward on the H200. This sums them in an order fixed by the shapes alone (no atomics, nothing
+// depending on the device), so the gradient is the same bits run to run. It accumulates in double: the sum runs
+// over up to N*D*H*W/VEC partials per channel, and double keeps the reduction's rounding far below the
+// tolerance the tests allow for float (the adds are few; the kernel is bound by memory latency, not FP64).
+//
+// The partials are viewed [K / R, C, R]: contiguous [N, C, R], or channels_last [P, C] as R = 1. A block sums
+// one range of K (the per-channel count) for TC neighbouring channels: thread t owns channel t % TC and row
+// lane t / TC of J, so with R = 1 a block reads TC * J consecutive floats per step (coalesced), and with R > 1
+// (TC = 1) consecutive threads read consecutive r. Its J lane sums are then folded by a fixed tree.
+constexpr int kSumThreads = 256;
+constexpr int64_t kSumPerBlock = 8192;  // partials per block: enough to hide latency, blocks enough to fill the GPU
+constexpr int64_t kSumMaxSplits = 256;  // bounds the second pass to one block per channel tile
+
+struct ChannelSumShape {
+  int TC, J;                      // channels per block, row lanes per channel (a power of two)
+  int64_t tiles, splits, chunk;   // channel tiles, ranges of K, and K per range
+};
+
+ChannelSumShape channel_sum_shape(int64_t C, int64_t R, int64_t K, int64_t max_splits) {
+  ChannelSumShape s;
+  s.TC = R == 1 ? static_cast<int>(std::min<int64_t>(C, kSumThreads)) : 1;
+  s.J = 1;
+  while (s.J * 2 * s.TC <= kSumThreads) s.J *= 2;
+  s.tiles = (C + s.TC - 1) / s.TC;
+  s.chunk = std::max<int64_t>(std::max<int64_t>(kSumPerBlock / s.TC, s.J), (K + max_splits - 1) / max_splits);
+  s.splits = (K + s.chunk - 1) / s.chunk;
+  return s;
+}
+
+// grid (tiles, splits, operands); dst is [splits, C] per operand. blockIdx.z picks the multiplier (0) or bias (1)
+// partials, so both are reduced in one launch.
+template <typename in_t, typename out_t>
+__global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
+    const in_t* __restrict__ src0, const in_t* __restrict__ src1, out_t* __restrict__ dst0,
+    out_t* __restrict__ dst1, int64_t C, int64_t R, int64_t K, int64_t chunk, int TC, int J) {
+  __shared__ double lanes[kSumThreads];
+  const in_t* __restrict__ src = blockIdx.z == 0 ? src0 : src1;
+  out_t* __restrict__ dst = blockIdx.z == 0 ? dst0 : dst1;
+  const int t = threadIdx.x;
+  const int tc = t % TC, j = t / TC;  // j >= J: an idle thread (kSumThreads not a multiple of TC)
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * TC + tc;
+  double acc = 0;
+  if (j < J && c < C) {
+    const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * chunk;
+    const int64_t k_end = K - k_begin < chunk ? K : k_begin + chunk;
+    int64_t k = k_begin + j;
+    // (n, r) of k, stepped by J without a division per element.
+    int64_t n = k / R, r = k - n * R;
+    const int64_t dn = J / R, dr = J % R;
+#pragma unroll 4
+    for (; k < k_end; k += J) {
+      acc += static_cast<double>(src[(n * C + c) * R + r]);
+      n += dn;
+      r += dr;
+      if (r >= R) {
+        r -= R;
+        ++n;
+      }
+    }
+  }
+  lanes[t] = acc;
+  __syncthreads();
+  for (int s = J / 2; s > 0; s >>= 1) {  // J is uniform, so every thread reaches each barrier
+    if (j < s) lanes[t] += lanes[t + s * TC];
+    __syncthreads();
+  }
+  if (j == 0 && c < C) dst[static_cast<int64_t>(blockIdx.y) * C + c] = static_cast<out_t>(lanes[tc]);
+}
+
+template <typename in_t, typename out_t>
+void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* dst1, int64_t C, int64_t R,
+                        int64_t K, const ChannelSumShape& s, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.splits), dst1 != nullptr ? 2u : 1u);
+  channel_partials_sum_kernel<in_t, out_t><<<grid, kSumThreads, 0, stream>>>(src0, src1, dst0, dst1, C, R, K,
+                                                                              s.chunk, s.TC, s.J);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Per-channel sums ([C], float) of float partials viewed [K / R, C, R], and of bias partials when defined. One
+// launch when one range per channel suffices (the contiguous fast path at its usual sizes); otherwise a first
+// launch writes double sums per range, [splits, C], and a second folds them.
+std::pair<at::Tensor, at::Tensor> sum_channel_partials(const at::Tensor& part, const at::Tensor& part_bias,
+                                                       int64_t C, int64_t R, cudaStream_t stream) {
+  const auto opts = part.options();
+  const bool two = part_bias.defined();
+  const int64_t K = C > 0 && R > 0 ? part.numel() / C : 0;
+  if (K == 0) return {at::zeros({C}, opts), two ? at::zeros({C}, opts) : at::Tensor()};
+  at::Tensor out = at::empty({C}, opts), out_bias = two ? at::empty({C}, opts) : at::Tensor();
+  float* d0 = out.mutable_data_ptr<float>();
+  float* d1 = two ? out_bias.mutable_data_ptr<float>() : nullptr;
+  const float* s0 = part.const_data_ptr<float>();
+  const float* s1 = two ? part_bias.const_data_ptr<float>() : nullptr;
+  const ChannelSumShape first = channel_sum_shape(C, R, K, kSumMaxSplits);
+  if (first.splits == 1) {
+    launch_channel_sum<float, float>(s0, s1, d0, d1, C, R, K, first, stream);
+  } else {
+    at::Tensor mid = at::empty({two ? 2 : 1, first.splits, C}, opts.dtype(at::kDouble));
+    double* m0 = mid.mutable_data_ptr<double>();
+    double* m1 = two ? m0 + first.splits * C : nullptr;
+    launch_channel_sum<float, double>(s0, s1, m0, m1, C, R, K, first, stream);
+    const ChannelSumShape second = channel_sum_shape(C, 1, first.splits, 1);
+    launch_channel_sum<double, float>(m0, m1, d0, d1, C, 1, first.splits, second, stream);
+  }
+  return {out, out_bias};
+}
+
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
 // multiplier and bias partials (bias: undefined without one), or nothing when the general path must run.
 template <typename scalar_t>
@@ -622,11 +730,8 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   small ? go_launch(int32_t{}) : go_launch(int64_t{});
-  // Fixed-order sums of the partials to one value per channel.
-  auto per_channel = [&](const at::Tensor& part) {
-    return channels_last ? part.view({-1, g.C}).sum(0) : part.view({g.N, g.C, -1}).sum(at::IntArrayRef({0, 2}));
-  };
-  return std::make_pair(per_channel(contrib), bias.defined() ? per_channel(contrib_bias) : at::Tensor());
+  const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? contrib.numel() / (g.N * g.C) : 0);
+  return sum_channel_partials(contrib, contrib_bias, g.C, R, stream);
   }
 }
 
@@ -780,8 +885,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
   const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
   const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
-  at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
-  at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
+  // The general kernels' full-size partials, allocated only once the fast path (which needs neither) declines:
+  // up front they cost 33.5-67 MB of transient peak per call at the default size.
+  at::Tensor contrib, contrib_bias;
+  auto alloc_partials = [&] {
+    contrib = at::empty(grad_output.sizes(), acc_opts);
+    if (bias != nullptr) contrib_bias = at::empty(grad_output.sizes(), acc_opts);
+  };
   const at::Tensor bflat = bias != nullptr ? bias->contiguous() : at::Tensor();
   if (!g.empty()) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -800,6 +910,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
       at::Tensor grad_bias = bias != nullptr ? finish(fast->second, *bias) : at::Tensor();
       return {grad_input, grad_bias, finish(fast->first, multiplier)};
     }
+    alloc_partials();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cuda", [&] {
       auto run = [&](auto off_tag) {
         using off_t = decltype(off_tag);
@@ -817,8 +928,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
         run(int32_t{});
       }
     });
-  } else if (contrib_bias.defined()) {
-    contrib_bias.zero_();
+  } else {
+    alloc_partials();
+    if (contrib_bias.defined()) contrib_bias.zero_();
   }
   at::Tensor grad_bias = bias != nullptr ? reduce_grad_multiplier(contrib_bias, *bias) : at::Tensor();
   return {grad_input, grad_bias, reduce_grad_multiplier(contrib, multiplier)};

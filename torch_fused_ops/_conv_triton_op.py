@@ -1,0 +1,119 @@
+"""fused::conv_transpose3d_post_pool_infer: the fused convolution's inference kernels as a ``triton_op``.
+
+Why a second op next to fused.conv_transpose3d_post_pool: torch.compile traces *into* a
+``torch.library.triton_op`` (AOTAutograd decomposes it), so Inductor sees the weight packing as ordinary aten
+ops, fuses them into its own kernels, and launches our Triton kernel from its generated wrapper. The public op
+is opaque to Inductor: its Python kernel re-checks every argument, repacks the weight with several eager ops and
+goes through Triton's Python launcher on each call. On the H200 host that measured 416 us of host time per call
+of the compiled Model's forward, against a 161 us kernel: the forward was host-bound.
+
+The pass routes *inference* graphs here when the fused path applies (CUDA, kernel 3 / stride 2 / padding 1, a
+2x2x2 pool: ``_conv_post_pool_triton.fused_path_applies``, checked at compile time). The op has no autograd:
+called with inputs that require grad it raises, and the pass never does that. Eager inference calls of the
+public op run the same ``launch`` below, so both paths use one kernel choice.
+
+float32 follows ``allow_tf32`` (the pass passes ``torch.backends.cudnn.allow_tf32`` as it reads at compile time).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from . import _conv_post_pool_gemm_triton as gemm
+from . import _conv_post_pool_triton as exact
+from . import _geometry
+
+_OP = "fused::conv_transpose3d_post_pool_infer"
+
+# Per dtype, measured on the H200 at the KernelBench size (benchmarks/conv_t3d_variants.py, 2026-11-29):
+# bf16 packed GEMM BM=64/BK=64/4 warps/3 stages 95.6 us, against 402.6 us for the phase-exact kernel through its
+# launcher; TF32 and strict float32 are faster in the phase-exact kernel (161 us and ~500 us) than in the packed
+# GEMM (251-359 us: 223-255 registers, one program per multiprocessor, fp32 operands).
+_HALF_CONFIG = dict(bm=64, bk=64, num_warps=4, num_stages=3)
+
+
+def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype) -> Tensor:
+    """The packed GEMM weight from slices and a stack only (no index tensor), so that it traces into plain
+    aten ops for Inductor. Same layout as ``gemm.pack_weight``."""
+    cin, cout = weight.shape[0], weight.shape[1]
+    nblk = -(-cout // bnc)
+    taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
+    if cin != cin_p or cout != nblk * bnc:
+        taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin))
+    zero = torch.zeros_like(taps[0])
+    idx = gemm.tap_table()  # [8 neighbours][8 phases] -> tap or None
+    g = torch.stack([torch.stack([zero if t is None else taps[t] for t in row]) for row in idx])
+    return g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
+
+
+def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: float, s2: float,
+           output_padding: list[int], allow_tf32: bool, kernel_wrapper=None) -> Tensor:
+    """Inference forward on the fused path (the caller has checked ``fused_path_applies``); ``mult`` is a
+    contiguous [Cout] tensor. ``kernel_wrapper`` (``wrap_triton`` under tracing) wraps each kernel before launch."""
+    wrap = kernel_wrapper or (lambda k: k)
+    if x.dtype == torch.float32:
+        return exact.conv_transpose3d_post_pool_triton(x, weight, bias, mult, s1, s2, output_padding,
+                                                       allow_tf32=allow_tf32, with_offsets=False, kernel_wrapper=wrap)
+    N, Cin, D, H, W = x.shape
+    Cout = weight.shape[1]
+    Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
+    out = torch.empty((N, Cout, Dp, Hp, Wp), device=x.device, dtype=x.dtype,
+                      memory_format=_geometry.output_memory_format(x))
+    n_pos = N * Dp * Hp * Wp
+    if out.numel() == 0:
+        return out
+    torch._check(n_pos < 2**31, lambda: f"{_OP}: too many pooled positions for int32 indexing: {n_pos}")
+    # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
+    cin_p = max(16, triton.next_power_of_2(int(Cin)))
+    bnc = min(max(4, triton.next_power_of_2(int(Cout))), 32)
+    w_packed = _pack_gemm_weight(weight, cin_p, bnc, x.dtype)
+    cfg = dict(_HALF_CONFIG)
+    if gemm._INTERPRET:
+        cfg.update(bm=32, num_warps=4, num_stages=1)
+    bk = min(8 * cin_p, cfg["bk"])
+    nblk = w_packed.shape[0]
+    grid = (triton.cdiv(n_pos, cfg["bm"]), nblk)
+    wrap(gemm._conv_t3d_pool_gemm_kernel)[grid](
+        x, w_packed, bias if bias is not None else mult, mult, out,
+        float(s1), float(s2),
+        n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+        *x.stride(), *out.stride(),
+        CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
+        IS_FP32=False, IS_HALF=True, PRECISION="ieee", ROUND_A=False, USE_ASM=not gemm._INTERPRET,
+        SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=False, BM=cfg["bm"], BK=bk,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+class _NoLaunch:
+    """Stands in for a kernel under the Triton interpreter when the op runs as its own fake impl: wrap_triton
+    cannot wrap an interpreted kernel (pytorch/pytorch#152868), and fake tensors hold no data to compute on."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _kernel_wrapper(t: Tensor):
+    if gemm._INTERPRET and isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
+        return lambda kernel: _NoLaunch()
+    return torch.library.wrap_triton
+
+
+@torch.library.triton_op(_OP, mutates_args=())
+def conv_transpose3d_post_pool_infer(input: Tensor, weight: Tensor, bias: Tensor | None, multiplier: Tensor,
+                                     negative_slope: float, negative_slope2: float, output_padding: list[int],
+                                     allow_tf32: bool) -> Tensor:
+    """``max_pool3d(leaky(leaky(conv_transpose3d(input, weight, bias, 2, 1, output_padding), s1) * m, s2), 2)``
+    on the fused path, inference only. Called by compiled graphs that the pass rewrote."""
+    torch._check(exact.fused_path_applies(input, weight, 2, 1, output_padding, 1, 1, 2, 2, 0, 1, False),
+                 lambda: f"{_OP}: arguments outside the fused path: input {list(input.shape)} {input.dtype} on "
+                         f"{input.device}, weight {list(weight.shape)} {weight.dtype}, output_padding "
+                         f"{output_padding}")
+    cout = weight.shape[1]
+    torch._check(multiplier.numel() == cout or multiplier.numel() == 1,
+                 lambda: f"{_OP}: expected 1 or {cout} multiplier elements, got {multiplier.numel()}")
+    mult = multiplier.reshape(-1).expand(cout).contiguous()
+    return launch(input, weight, bias, mult, negative_slope, negative_slope2, list(output_padding), allow_tf32,
+                  kernel_wrapper=_kernel_wrapper(input))
