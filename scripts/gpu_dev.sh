@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Development loop on the H200, one device call. Steps (each can be switched off, so that a call fits the
 # device tool's 10-minute limit):
-#   build the extension (in the background) while benchmarks/conv_t3d_variants.py times the fused-convolution
-#   kernels' configs (pure Python)                                     [SKIP_VARIANTS=1 to skip]
+#   build the extension, then benchmarks/conv_t3d_variants.py times the fused-convolution kernels' configs
+#                                                                      [SKIP_VARIANTS=1 to skip]
+#   (TEST_FILES="a.py b.py": only those test files, instead of the two test steps below)
 #   the Triton kernels' tests alone (one process, launches blocking, stop at the first failure)  [SKIP_TESTS=1]
 #   the other CUDA tests (pytest-xdist when present)                                               [SKIP_TESTS=1]
 #   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py)                         [PROFILE=1]
@@ -18,15 +19,23 @@ summary="$OUT/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); torch $(python3 -c 'import torch; print(torch.__version__)'); triton $(python3 -c 'import triton; print(triton.__version__)')"
 t0=$SECONDS
-( python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1; echo $? > "$T/build.rc" ) &
+python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1
+rc=$?; note "build rc=$rc after $((SECONDS - t0)) s"
+[ "$rc" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
+# The variants run after the build, not beside it: host-bound launches time wrong on a busy CPU.
 if [ -z "${SKIP_VARIANTS:-}" ]; then
+  t0=$SECONDS
   timeout ${VARIANTS_TIMEOUT:-240} python3 benchmarks/conv_t3d_variants.py ${VARIANTS_ARGS:-} > "$OUT/variants.log" 2>&1
   note "variants: rc=$? in $((SECONDS - t0)) s"; sed -n '/^| kernel/,$p' "$OUT/variants.log" >> "$summary"
 fi
-wait
-note "build rc=$(cat $T/build.rc) after $((SECONDS - t0)) s"
-[ "$(cat $T/build.rc)" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
-if [ -z "${SKIP_TESTS:-}" ]; then
+if [ -n "${TEST_FILES:-}" ]; then
+  # A chosen subset only (one process, -x).
+  t0=$SECONDS
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest $TEST_FILES -x -q -p no:cacheprovider -k "${TESTS_K:-cuda or conv or op}" \
+    > "$OUT/pytest.log" 2>&1
+  note "pytest $TEST_FILES: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest.log" | head -5 | tee -a "$summary"
+elif [ -z "${SKIP_TESTS:-}" ]; then
   t0=$SECONDS
   CUDA_LAUNCH_BLOCKING=1 timeout ${TRITON_TEST_TIMEOUT:-240} python3 -m pytest tests/test_conv_post_pool_triton.py \
     tests/test_conv_infer_op.py -x -q -p no:cacheprovider > "$OUT/pytest_triton.log" 2>&1

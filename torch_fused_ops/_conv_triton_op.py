@@ -7,6 +7,9 @@ is opaque to Inductor: its Python kernel re-checks every argument, repacks the w
 goes through Triton's Python launcher on each call. On the H200 host that measured 416 us of host time per call
 of the compiled Model's forward, against a 161 us kernel: the forward was host-bound.
 
+Kernels: the packed-GEMM kernel (``_conv_post_pool_gemm_triton``) for TF32 and half precision, the phase-exact
+kernel (``_conv_post_pool_triton``) for strict float32; ``_CONFIGS`` says why.
+
 The pass routes *inference* graphs here when the fused path applies (CUDA, kernel 3 / stride 2 / padding 1, a
 2x2x2 pool: ``_conv_post_pool_triton.fused_path_applies``, checked at compile time). The op has no autograd:
 called with inputs that require grad it raises, and the pass never does that. Eager inference calls of the
@@ -26,16 +29,23 @@ from . import _geometry
 
 _OP = "fused::conv_transpose3d_post_pool_infer"
 
-# Per dtype, measured on the H200 at the KernelBench size (benchmarks/conv_t3d_variants.py, 2026-11-29):
-# bf16 packed GEMM BM=64/BK=64/4 warps/3 stages 95.6 us, against 402.6 us for the phase-exact kernel through its
-# launcher; TF32 and strict float32 are faster in the phase-exact kernel (161 us and ~500 us) than in the packed
-# GEMM (251-359 us: 223-255 registers, one program per multiprocessor, fp32 operands).
-_HALF_CONFIG = dict(bm=64, bk=64, num_warps=4, num_stages=3)
+# Kernel and launch config per precision, from benchmarks/conv_t3d_variants.py on the H200 at the KernelBench size
+# (2026-11-29, kernel times):
+# - bf16/fp16: packed GEMM, weight [K, N], BM=64/BK=64/4 warps/3 stages: 95.6 us (phase-exact kernel: ~400 us).
+# - TF32: packed GEMM with the weight stored K-major, BM=64/BK=16/4 warps/3 stages: 134.5 us, against 168.6 us
+#   for the phase-exact kernel. TF32 tensor-core instructions read B K-major only; with the [K, N] weight the
+#   same GEMM took 323-391 us.
+# - strict float32: the phase-exact kernel (~520 us); the packed GEMM's 2.37x redundant math costs 1675 us in
+#   fp32 FMA.
+_CONFIGS = {
+    "half": dict(bm=64, bk=64, num_warps=4, num_stages=3, kmajor=False),
+    "tf32": dict(bm=64, bk=16, num_warps=4, num_stages=3, kmajor=True),
+}
 
 
-def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype) -> Tensor:
+def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool, kmajor: bool) -> Tensor:
     """The packed GEMM weight from slices and a stack only (no index tensor), so that it traces into plain
-    aten ops for Inductor. Same layout as ``gemm.pack_weight``."""
+    aten ops that Inductor fuses into one kernel. Same layout as ``gemm.pack_weight``."""
     cin, cout = weight.shape[0], weight.shape[1]
     nblk = -(-cout // bnc)
     taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
@@ -44,7 +54,11 @@ def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype) 
     zero = torch.zeros_like(taps[0])
     idx = gemm.tap_table()  # [8 neighbours][8 phases] -> tap or None
     g = torch.stack([torch.stack([zero if t is None else taps[t] for t in row]) for row in idx])
-    return g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
+    g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
+    if kmajor:
+        g = g.transpose(1, 2)
+    # TF32: round to nearest here, since the tensor cores would truncate (the kernel rounds the input tiles).
+    return gemm.round_tf32(g.contiguous()) if tf32 else g.contiguous()
 
 
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: float, s2: float,
@@ -52,7 +66,8 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     """Inference forward on the fused path (the caller has checked ``fused_path_applies``); ``mult`` is a
     contiguous [Cout] tensor. ``kernel_wrapper`` (``wrap_triton`` under tracing) wraps each kernel before launch."""
     wrap = kernel_wrapper or (lambda k: k)
-    if x.dtype == torch.float32:
+    tf32 = x.dtype == torch.float32 and allow_tf32
+    if x.dtype == torch.float32 and not tf32:
         return exact.conv_transpose3d_post_pool_triton(x, weight, bias, mult, s1, s2, output_padding,
                                                        allow_tf32=allow_tf32, with_offsets=False, kernel_wrapper=wrap)
     N, Cin, D, H, W = x.shape
@@ -67,8 +82,8 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
     cin_p = max(16, triton.next_power_of_2(int(Cin)))
     bnc = min(max(4, triton.next_power_of_2(int(Cout))), 32)
-    w_packed = _pack_gemm_weight(weight, cin_p, bnc, x.dtype)
-    cfg = dict(_HALF_CONFIG)
+    cfg = dict(_CONFIGS["tf32" if tf32 else "half"])
+    w_packed = _pack_gemm_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
     if gemm._INTERPRET:
         cfg.update(bm=32, num_warps=4, num_stages=1)
     bk = min(8 * cin_p, cfg["bk"])
@@ -80,9 +95,9 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
         n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
         *x.stride(), *out.stride(),
         CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
-        IS_FP32=False, IS_HALF=True, PRECISION="ieee", ROUND_A=False, USE_ASM=not gemm._INTERPRET,
-        SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=False, BM=cfg["bm"], BK=bk,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        IS_FP32=tf32, IS_HALF=not tf32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32,
+        USE_ASM=not gemm._INTERPRET, SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16,
+        W_KMAJOR=cfg["kmajor"], BM=cfg["bm"], BK=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
 
