@@ -100,10 +100,10 @@ def main():
     # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32).
     K, R = True, False
     configs = {
-        "tf32": [(128, 16, 8, 3, R, True), (128, 32, 8, 2, R, True), (128, 16, 8, 3, K, True),
-                 (128, 32, 8, 2, K, True), (64, 32, 4, 3, K, True), (64, 16, 4, 3, K, True)],
-        "bf16": [(64, 64, 4, 3, R, False), (128, 64, 8, 3, R, False), (64, 64, 4, 3, K, False),
-                 (32, 64, 4, 3, R, False), (64, 64, 4, 4, R, False), (64, 128, 4, 2, R, False)],
+        "tf32": [(64, 16, 4, 3, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True), (64, 16, 4, 4, K, True),
+                 (64, 16, 4, 3, R, True)],
+        "bf16": [(64, 64, 4, 3, R, False), (64, 64, 4, 3, K, False), (128, 64, 8, 3, R, False),
+                 (64, 32, 4, 3, K, False)],
         "fp32": [],
     }
     if args.quick:
