@@ -9,6 +9,7 @@
 #   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py)                         [PROFILE=1]
 #   Nsight Compute counters of every kernel (benchmarks/profile_post_pool.py)                      [NCU=1]
 #   the benchmark at the default size with the whole-Model configurations                          [SKIP_BENCH=1]
+# TESTS_LAST=1 runs the tests after the benchmark, so that a call cut short still has the figures.
 # At most 8 files go to $OUT (the device tool's limit); the rest stay in /tmp.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_dev_out}
@@ -28,6 +29,7 @@ if [ -z "${SKIP_VARIANTS:-}" ]; then
   timeout ${VARIANTS_TIMEOUT:-240} python3 benchmarks/conv_t3d_variants.py ${VARIANTS_ARGS:-} > "$OUT/variants.log" 2>&1
   note "variants: rc=$? in $((SECONDS - t0)) s"; sed -n '/^| kernel/,$p' "$OUT/variants.log" >> "$summary"
 fi
+run_tests() {
 if [ -n "${TEST_FILES:-}" ]; then
   # A chosen subset only (one process, -x).
   t0=$SECONDS
@@ -48,6 +50,8 @@ elif [ -z "${SKIP_TESTS:-}" ]; then
   note "pytest rest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10 | tee -a "$summary"
 fi
+}
+[ -n "${TESTS_LAST:-}" ] || run_tests
 if [ -n "${PROFILE:-}" ]; then
   t0=$SECONDS
   timeout 150 python3 benchmarks/profile_calls.py > "$OUT/profile.log" 2>&1
@@ -78,4 +82,5 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   note "bench: rc=$? in $((SECONDS - t0)) s"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
   tail -5 "$T/bench.log" >> "$summary"
 fi
+[ -z "${TESTS_LAST:-}" ] || run_tests
 echo "================ summary ================"; cat "$summary"

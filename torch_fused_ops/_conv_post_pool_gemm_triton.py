@@ -207,7 +207,7 @@ def _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, s
 
 @triton.jit
 def _conv_t3d_pool_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, m_ptr, out_ptr,
+    x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr,
     s1, s2,
     n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
     sxn, sxc, sxd, sxh, sxw,
@@ -215,7 +215,7 @@ def _conv_t3d_pool_gemm_kernel(
     CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr,
+    BK: tl.constexpr, FIXUP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -223,70 +223,83 @@ def _conv_t3d_pool_gemm_kernel(
     KP: tl.constexpr = 8 * CIN_P
     NP: tl.constexpr = 8 * BNC
 
-    # Rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so a column of A is a run of neighbouring
-    # input elements. int32 positions (the host checks n_pos < 2**31), int64 addresses.
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < n_pos
-    qw = rows % Wp
-    t = rows // Wp
-    qh = t % Hp
-    t = t // Hp
-    qd = t % Dp
-    n = t // Dp
-    x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
-
-    # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR), column = phase * BNC + channel in the block.
-    w_base = w_ptr + pid_n * (KP * NP)
-    acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                       BM, BK, _PRODUCT, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-    if tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32)) > 0:
-        # Rare: a non-finite result. The packing's structural zeros met an infinite input (inf * 0 = NaN where the
-        # convolution has no such product) or the tile holds NaN / overflows. Recompute the tile with the
-        # infinities taken out of the product and counted per output instead, as the convolution would see them:
-        # any inf * 0 of a real tap, or +inf and -inf together, gives NaN; otherwise the sign of the infinities.
-        # A NaN spread by a structural zero stays: a NaN input reaches every window it touches through a real
-        # tap too, so max_pool3d returns NaN for those windows either way.
-        code = tl.where(_packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
-                                     CIN_P, BNC, BM, BK, _INF_TIMES_ZERO, IS_FP32, PRECISION, ROUND_A, USE_ASM,
-                                     SOFT_BF16, W_KMAJOR) > 0, 3.0, 0.0)
-        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                           BM, BK, _POS_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-        code = tl.where((code == 0) & (cnt > 0), 1.0, code)
-        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                           BM, BK, _NEG_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-        code = tl.where(cnt > 0, tl.where(code == 0, 2.0, 3.0), code)
-        acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                           BM, BK, _FINITE, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-        acc = tl.where(code == 3.0, float("nan"),
-                       tl.where(code == 1.0, float("inf"), tl.where(code == 2.0, float("-inf"), acc)))
-
-    cn = pid_n * BNC + tl.arange(0, BNC)
-    cn_ok = cn < Cout
-    mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
+    flag_at = pid_n * tl.num_programs(0) + pid_m
+    if FIXUP:
+        work = tl.load(flag_ptr + flag_at) != 0
     else:
-        bias = tl.zeros([BNC], dtype=tl.float32)
-    # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
-    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
-    ph = tl.reshape(acc, [BM, 8, BNC])
-    if MONO:
-        hi = tl.reduce(ph, 1, _max_nan)
-        lo = tl.reduce(ph, 1, _min_nan)
-        best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-        exact_needed = tl.sum(bad.to(tl.int32), 0) > 0
-    else:
-        best = tl.zeros([BM, BNC], dtype=tl.float32)
-        exact_needed = True
-    if exact_needed:
-        e = _phase_value(ph, mult[None, :], bias[None, :], s1, s2, io_dtype, IS_HALF, SOFT_BF16)
-        idx = tl.broadcast_to(tl.arange(0, 8)[None, :, None], [BM, 8, BNC])
-        ex, _ = tl.reduce((e, idx), 1, _pool_pick)
-        best = tl.where(bad[None, :], ex, best) if MONO else ex
+        work = True
+    if work:
+        # Rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so a column of A is a run of neighbouring
+        # input elements. int32 positions (the host checks n_pos < 2**31), int64 addresses.
+        rows = pid_m * BM + tl.arange(0, BM)
+        row_ok = rows < n_pos
+        qw = rows % Wp
+        t = rows // Wp
+        qh = t % Hp
+        t = t // Hp
+        qd = t % Dp
+        n = t // Dp
+        x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
 
-    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
-    o_ptrs = out_ptr + o_row[:, None] + cn.to(tl.int64)[None, :] * soc
-    tl.store(o_ptrs, best.to(io_dtype), mask=row_ok[:, None] & cn_ok[None, :])
+        # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR); column = phase * BNC + channel.
+        w_base = w_ptr + pid_n * (KP * NP)
+        if FIXUP:
+            # Second launch, only for tiles the first one flagged: a non-finite result. The packing's structural
+            # zeros may have met an infinite input (inf * 0 = NaN where the convolution has no such product), so the
+            # tile is recomputed with the infinities taken out of the product and counted per output instead, as the
+            # convolution sees them: any inf * 0 of a real tap, or +inf and -inf together, gives NaN; otherwise the
+            # sign of the infinities. A NaN spread by a structural zero stays: a NaN input reaches every window it
+            # touches through a real tap too, so max_pool3d returns NaN for those windows either way.
+            # Kept out of the first launch's code: compiled there, these four extra K loops cost the common path
+            # up to 2x (register allocation), although they never ran.
+            code = tl.where(_packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
+                                         CIN_P, BNC, BM, BK, _INF_TIMES_ZERO, IS_FP32, PRECISION, ROUND_A, USE_ASM,
+                                         SOFT_BF16, W_KMAJOR) > 0, 3.0, 0.0)
+            cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                               BM, BK, _POS_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+            code = tl.where((code == 0) & (cnt > 0), 1.0, code)
+            cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                               BM, BK, _NEG_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+            code = tl.where(cnt > 0, tl.where(code == 0, 2.0, 3.0), code)
+            acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                               BM, BK, _FINITE, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+            acc = tl.where(code == 3.0, float("nan"),
+                           tl.where(code == 1.0, float("inf"), tl.where(code == 2.0, float("-inf"), acc)))
+        else:
+            acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                               BM, BK, _PRODUCT, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+            # Flag the tile for the fix-up launch when any result is non-finite (rare: infinite or NaN inputs,
+            # overflow); every program writes its flag, so the buffer needs no initialisation.
+            nonfinite = tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32))
+            tl.store(flag_ptr + flag_at, (nonfinite > 0).to(tl.int32))
+
+        cn = pid_n * BNC + tl.arange(0, BNC)
+        cn_ok = cn < Cout
+        mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
+        else:
+            bias = tl.zeros([BNC], dtype=tl.float32)
+        # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
+        bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+        ph = tl.reshape(acc, [BM, 8, BNC])
+        if MONO:
+            hi = tl.reduce(ph, 1, _max_nan)
+            lo = tl.reduce(ph, 1, _min_nan)
+            best = _mono_epilogue(hi, lo, mult, bias, s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+            exact_needed = tl.sum(bad.to(tl.int32), 0) > 0
+        else:
+            best = tl.zeros([BM, BNC], dtype=tl.float32)
+            exact_needed = True
+        if exact_needed:
+            e = _phase_value(ph, mult[None, :], bias[None, :], s1, s2, io_dtype, IS_HALF, SOFT_BF16)
+            idx = tl.broadcast_to(tl.arange(0, 8)[None, :, None], [BM, 8, BNC])
+            ex, _ = tl.reduce((e, idx), 1, _pool_pick)
+            best = tl.where(bad[None, :], ex, best) if MONO else ex
+
+        o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
+        o_ptrs = out_ptr + o_row[:, None] + cn.to(tl.int64)[None, :] * soc
+        tl.store(o_ptrs, best.to(io_dtype), mask=row_ok[:, None] & cn_ok[None, :])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -384,15 +397,17 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
         use_asm = not _INTERPRET
     mono = s1 > 0 and s2 > 0
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
+    flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _conv_t3d_pool_gemm_kernel[grid](
-            x, w_packed, bias if bias is not None else mult, mult, out,
-            float(s1), float(s2),
-            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
-            *x.stride(), *out.stride(),
-            CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=mono,
-            IS_FP32=is_fp32, IS_HALF=not is_fp32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(round_a),
-            USE_ASM=bool(use_asm), SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16,
-            W_KMAJOR=bool(w_kmajor), BM=bm, BK=bk, num_warps=num_warps, num_stages=num_stages,
-        )
+        for fixup in (False, True):
+            _conv_t3d_pool_gemm_kernel[grid](
+                x, w_packed, bias if bias is not None else mult, mult, out, flags,
+                float(s1), float(s2),
+                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+                *x.stride(), *out.stride(),
+                CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=mono,
+                IS_FP32=is_fp32, IS_HALF=not is_fp32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(round_a),
+                USE_ASM=bool(use_asm), SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16,
+                W_KMAJOR=bool(w_kmajor), BM=bm, BK=bk, FIXUP=fixup, num_warps=num_warps, num_stages=num_stages,
+            )
     return out

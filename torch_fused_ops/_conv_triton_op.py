@@ -43,17 +43,31 @@ _CONFIGS = {
 }
 
 
+def _tap_index(device: torch.device) -> Tensor:
+    """[8 neighbours, 8 phases] -> tap kd*9 + kh*3 + kw, or 27 (a zero row) where the phase has no tap from that
+    neighbour. Computed from aranges rather than written as a constant, so that under torch.compile it folds
+    into the packing kernel (a tensor constant would have to be lifted into the graph)."""
+    nb = torch.arange(8, device=device).view(8, 1)
+    ph = torch.arange(8, device=device).view(1, 8)
+    tap = torch.zeros(8, 8, dtype=torch.long, device=device)
+    real = torch.ones(8, 8, dtype=torch.bool, device=device)
+    for bit, scale in ((4, 9), (2, 3), (1, 1)):
+        t, p = (nb & bit) != 0, (ph & bit) != 0
+        # Per dim (gemm._TAP): neighbour q, phase 0 -> k=1; q, phase 1 -> k=2; q+1, phase 1 -> k=0; q+1, phase 0: none.
+        k = torch.where(t, torch.zeros_like(tap), torch.where(p, 2, 1))
+        real = real & (p | ~t)
+        tap = tap + k * scale
+    return torch.where(real, tap, 27)
+
+
 def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool, kmajor: bool) -> Tensor:
-    """The packed GEMM weight from slices and a stack only (no index tensor), so that it traces into plain
-    aten ops that Inductor fuses into one kernel. Same layout as ``gemm.pack_weight``."""
+    """The packed GEMM weight (layout of ``gemm.pack_weight``) with one gather, which Inductor compiles into a
+    single small kernel; in eager it is a handful of ops."""
     cin, cout = weight.shape[0], weight.shape[1]
     nblk = -(-cout // bnc)
     taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
-    if cin != cin_p or cout != nblk * bnc:
-        taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin))
-    zero = torch.zeros_like(taps[0])
-    idx = gemm.tap_table()  # [8 neighbours][8 phases] -> tap or None
-    g = torch.stack([torch.stack([zero if t is None else taps[t] for t in row]) for row in idx])
+    taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin, 0, 1))  # + the zero row 27
+    g = taps[_tap_index(weight.device)]  # [8, 8, cin_p, nblk * bnc]
     g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
     if kmajor:
         g = g.transpose(1, 2)
@@ -87,18 +101,22 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     if gemm._INTERPRET:
         cfg.update(bm=32, num_warps=4, num_stages=1)
     bk = min(8 * cin_p, cfg["bk"])
-    nblk = w_packed.shape[0]
-    grid = (triton.cdiv(n_pos, cfg["bm"]), nblk)
-    wrap(gemm._conv_t3d_pool_gemm_kernel)[grid](
-        x, w_packed, bias if bias is not None else mult, mult, out,
-        float(s1), float(s2),
-        n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
-        *x.stride(), *out.stride(),
-        CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
-        IS_FP32=tf32, IS_HALF=not tf32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32,
-        USE_ASM=not gemm._INTERPRET, SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16,
-        W_KMAJOR=cfg["kmajor"], BM=cfg["bm"], BK=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    grid = (triton.cdiv(n_pos, cfg["bm"]), w_packed.shape[0])
+    # One flag per program: the first launch marks tiles with a non-finite result, the second recomputes only
+    # those (see the kernel); the second costs a few microseconds when none is marked.
+    flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
+    for fixup in (False, True):
+        wrap(gemm._conv_t3d_pool_gemm_kernel)[grid](
+            x, w_packed, bias if bias is not None else mult, mult, out, flags,
+            float(s1), float(s2),
+            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+            *x.stride(), *out.stride(),
+            CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
+            IS_FP32=tf32, IS_HALF=not tf32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32,
+            USE_ASM=not gemm._INTERPRET, SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16,
+            W_KMAJOR=cfg["kmajor"], BM=cfg["bm"], BK=bk, FIXUP=fixup, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
     return out
 
 
