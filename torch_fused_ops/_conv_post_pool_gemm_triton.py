@@ -362,52 +362,63 @@ def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(max(n, 1)))
 
 
-def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
-                                    w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
-                                    round_a=None, use_asm=None, w_kmajor=False):
-    """Inference forward (no offsets). x [N, Cin, D, H, W] (any strides), weight [Cin, Cout, 3, 3, 3],
-    mult a contiguous [Cout] tensor. Returns the pooled output in x's memory format."""
+def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor, bm, bk, num_warps, num_stages,
+           round_a=None, use_asm=None, kernel_wrapper=None):
+    """The one place that launches the kernel: the main launch, then the fix-up launch for flagged tiles.
+
+    ``out`` is the preallocated pooled output (any strides), ``w_packed`` from ``pack_weight`` (or the traceable
+    packing in ``_conv_triton_op``) with the same ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout]
+    tensor. ``kernel_wrapper`` (``torch.library.wrap_triton`` under tracing) wraps the kernel before launch.
+    """
     N, Cin, D, H, W = x.shape
-    Cout = weight.shape[1]
-    op = list(output_padding)
-    Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
-    if out is None:
-        fmt = torch.channels_last_3d if (x.stride(1) == 1 and Cin > 1) else torch.contiguous_format
-        out = torch.empty((N, Cout, Dp, Hp, Wp), device=x.device, dtype=x.dtype, memory_format=fmt)
+    Cout = out.shape[1]
+    Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
     n_pos = N * Dp * Hp * Wp
-    if out.numel() == 0:
-        return out
-    is_fp32 = x.dtype == torch.float32
-    tf32 = is_fp32 and allow_tf32
-    cin_p = _pow2_at_least(Cin, 16 if is_fp32 else 16)
-    bnc = min(_pow2_at_least(Cout, 4), 32)
-    if w_packed is None:
-        w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32, w_kmajor)
-    if bm is None:
-        bm = 32 if _INTERPRET else 128
-    if bk is None:
-        bk = min(8 * cin_p, 32 if is_fp32 else 64)
-    if num_warps is None:
-        num_warps = 4 if _INTERPRET else 8
-    if num_stages is None:
-        num_stages = 1 if _INTERPRET else 3
-    if round_a is None:
-        round_a = tf32
-    if use_asm is None:
-        use_asm = not _INTERPRET
-    mono = s1 > 0 and s2 > 0
+    cin_p = w_packed.shape[2 if kmajor else 1] // 8
+    bnc = w_packed.shape[1 if kmajor else 2] // 8
+    wrap = kernel_wrapper or (lambda k: k)
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
+    # One flag per program: the first launch marks tiles with a non-finite result, the second recomputes only
+    # those (see the kernel); the second costs a few microseconds when none is marked.
     flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         for fixup in (False, True):
-            _conv_t3d_pool_gemm_kernel[grid](
+            wrap(_conv_t3d_pool_gemm_kernel)[grid](
                 x, w_packed, bias if bias is not None else mult, mult, out, flags,
                 float(s1), float(s2),
                 n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
                 *x.stride(), *out.stride(),
-                CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=mono,
-                IS_FP32=is_fp32, IS_HALF=not is_fp32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(round_a),
-                USE_ASM=bool(use_asm), SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16,
-                W_KMAJOR=bool(w_kmajor), BM=bm, BK=bk, FIXUP=fixup, num_warps=num_warps, num_stages=num_stages,
+                CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
+                IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
+                PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(tf32 if round_a is None else round_a),
+                USE_ASM=bool(not _INTERPRET if use_asm is None else use_asm),
+                SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor), BM=bm,
+                BK=min(bk, 8 * cin_p), FIXUP=fixup, num_warps=num_warps, num_stages=num_stages,
             )
     return out
+
+
+def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
+                                    w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
+                                    round_a=None, use_asm=None, w_kmajor=False):
+    """Inference forward with an explicit launch config (the config sweep and the kernel's tests). x [N, Cin, D,
+    H, W] (any strides), weight [Cin, Cout, 3, 3, 3], mult a contiguous [Cout] tensor. Returns the pooled output
+    in x's memory format (or ``out``)."""
+    N, Cin, D, H, W = x.shape
+    Cout = weight.shape[1]
+    op = list(output_padding)
+    if out is None:
+        fmt = torch.channels_last_3d if (x.stride(1) == 1 and Cin > 1) else torch.contiguous_format
+        out = torch.empty((N, Cout, D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]), device=x.device, dtype=x.dtype,
+                          memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    tf32 = x.dtype == torch.float32 and allow_tf32
+    if w_packed is None:
+        cin_p = _pow2_at_least(Cin, 16)
+        bnc = min(_pow2_at_least(Cout, 4), 32)
+        w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32 and round_a is not False, w_kmajor)
+    return launch(x, w_packed, bias, mult, s1, s2, out, op, tf32=tf32, kmajor=w_kmajor,
+                  bm=bm or (32 if _INTERPRET else 128), bk=bk or (32 if x.dtype == torch.float32 else 64),
+                  num_warps=num_warps or (4 if _INTERPRET else 8), num_stages=num_stages or (1 if _INTERPRET else 3),
+                  round_a=round_a, use_asm=use_asm)

@@ -100,23 +100,8 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     w_packed = _pack_gemm_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
     if gemm._INTERPRET:
         cfg.update(bm=32, num_warps=4, num_stages=1)
-    bk = min(8 * cin_p, cfg["bk"])
-    grid = (triton.cdiv(n_pos, cfg["bm"]), w_packed.shape[0])
-    # One flag per program: the first launch marks tiles with a non-finite result, the second recomputes only
-    # those (see the kernel); the second costs a few microseconds when none is marked.
-    flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
-    for fixup in (False, True):
-        wrap(gemm._conv_t3d_pool_gemm_kernel)[grid](
-            x, w_packed, bias if bias is not None else mult, mult, out, flags,
-            float(s1), float(s2),
-            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
-            *x.stride(), *out.stride(),
-            CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
-            IS_FP32=tf32, IS_HALF=not tf32, PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32,
-            USE_ASM=not gemm._INTERPRET, SOFT_BF16=gemm._INTERPRET and x.dtype == torch.bfloat16,
-            W_KMAJOR=cfg["kmajor"], BM=cfg["bm"], BK=bk, FIXUP=fixup, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"],
-        )
+    gemm.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, kmajor=cfg["kmajor"], bm=cfg["bm"],
+                bk=cfg["bk"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], kernel_wrapper=wrap)
     return out
 
 
