@@ -7,7 +7,7 @@
 #   the Triton kernels' tests alone (one process, launches blocking, stop at the first failure)  [SKIP_TESTS=1]
 #   the other CUDA tests (pytest-xdist when present)                                               [SKIP_TESTS=1]
 #   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py)                         [PROFILE=1]
-#   Nsight Compute counters of every kernel (benchmarks/profile_post_pool.py)                      [NCU=1]
+#   Nsight Compute counters of every kernel, the convolution kernels included (profile_post_pool.py) [NCU=1]
 #   the benchmark at the default size with the whole-Model configurations                          [SKIP_BENCH=1]
 # TESTS_LAST=1 runs the tests after the benchmark, so that a call cut short still has the figures.
 # At most 8 files go to $OUT (the device tool's limit); the rest stay in /tmp.
@@ -58,7 +58,7 @@ if [ -n "${PROFILE:-}" ]; then
   note "profile_calls: rc=$? in $((SECONDS - t0)) s"
 fi
 if [ -n "${NCU:-}" ]; then
-  timeout 90 ncu --clock-control none -k regex:post_pool --metrics \
+  timeout 120 ncu --clock-control none -k "regex:post_pool|gemm" --metrics \
 gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
     --csv python3 benchmarks/profile_post_pool.py > "$T/ncu.csv" 2> "$T/ncu.log"
   note "ncu: rc=$?"

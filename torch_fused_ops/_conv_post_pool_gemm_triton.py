@@ -87,6 +87,16 @@ def _round_to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    if SOFT_BF16:
+        # Already representable after the rounding, so the interpreter's truncating cast is exact.
+        r = _round_to_io(v, IO_DTYPE, SOFT_BF16).to(IO_DTYPE)
+    else:
+        r = v.to(IO_DTYPE)
+    return r
+
+
+@triton.jit
 def _pool_pick(va, ia, vb, ib):
     # max_pool3d's selection as a commutative combine over (value, phase): a NaN beats any number and the
     # later NaN beats an earlier one; otherwise the greater value wins and, on ties, the earlier phase.
@@ -299,7 +309,7 @@ def _conv_t3d_pool_gemm_kernel(
 
         o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
         o_ptrs = out_ptr + o_row[:, None] + cn.to(tl.int64)[None, :] * soc
-        tl.store(o_ptrs, best.to(io_dtype), mask=row_ok[:, None] & cn_ok[None, :])
+        tl.store(o_ptrs, _to_io(best, io_dtype, SOFT_BF16), mask=row_ok[:, None] & cn_ok[None, :])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from . import _geometry
-from ._conv_post_pool_gemm_triton import _round_tf32, round_tf32
+# Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
+from ._conv_post_pool_gemm_triton import _dot, _round_tf32, _round_to_io, _to_io, round_tf32
 
 __all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -78,19 +79,6 @@ def _w_tile(w_ptr, TAP: tl.constexpr, k0, cn, CIN_P: tl.constexpr, COUT_P: tl.co
     return tl.load(w_ptr + TAP * (CIN_P * COUT_P) + ck[:, None] * COUT_P + cn[None, :])
 
 
-@triton.jit
-def _mma(a, b, acc, IS_FP32: tl.constexpr, PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr):
-    if IS_FP32:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    elif SOFT_BF16:
-        # The interpreter multiplies bf16 tiles as their raw uint16 storage; bf16 products are exact in fp32,
-        # so upcasting gives the same fp32-accumulated result a tensor core would.
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
 # Per dim, phase 0 has one tap (k=1, neighbour 0) and phase 1 two: t=0 -> (k=2, neighbour 0), t=1 -> (k=0,
 # neighbour 1); hence k = 1 + phase - 2*t and neighbour = t. Tap index into the packed weight: kd*9 + kh*3 + kw.
 @triton.jit
@@ -105,7 +93,7 @@ def _phase_acc_held(x000, x001, x010, x011, x100, x101, x110, x111, w_ptr, cn,
                 xt = _pick8(x000, x001, x010, x011, x100, x101, x110, x111, td, th, tw)
                 wt = _w_tile(w_ptr, (1 + PD - 2 * td) * 9 + (1 + PH - 2 * th) * 3 + (1 + PW - 2 * tw), 0, cn,
                              CIN_P, COUT_P, BK)
-                acc = _mma(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
+                acc = _dot(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
     return acc
 
 
@@ -128,32 +116,8 @@ def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh
                         xt = _round_tf32(xt, USE_ASM)
                     wt = _w_tile(w_ptr, (1 + PD - 2 * td) * 9 + (1 + PH - 2 * th) * 3 + (1 + PW - 2 * tw), k0, cn,
                                  CIN_P, COUT_P, BK)
-                    acc = _mma(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
+                    acc = _dot(xt, wt, acc, IS_FP32, PRECISION, SOFT_BF16)
     return acc
-
-
-@triton.jit
-def _round_to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
-    # Returns v rounded (nearest-even) to the I/O dtype but kept in fp32 for the epilogue.
-    if SOFT_BF16:
-        # The interpreter's fp32 -> bf16 cast truncates; round in integer arithmetic instead (NaN kept as is,
-        # overflow past the largest bf16 correctly becomes inf).
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        r = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
-    else:
-        r = v.to(IO_DTYPE).to(tl.float32)
-    return r
-
-
-@triton.jit
-def _to_io(v, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
-    if SOFT_BF16:
-        # Already representable after the rounding, so the interpreter's truncating cast is exact.
-        r = _round_to_io(v, IO_DTYPE, SOFT_BF16).to(IO_DTYPE)
-    else:
-        r = v.to(IO_DTYPE)
-    return r
 
 
 @triton.jit
