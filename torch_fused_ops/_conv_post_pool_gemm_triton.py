@@ -154,6 +154,22 @@ def _mono_epilogue(hi, lo, mult, bias, s1, s2, IO_DTYPE: tl.constexpr, IS_HALF: 
     return _phase_value(r, mult, bias, s1, s2, IO_DTYPE, IS_HALF, SOFT_BF16)
 
 
+@triton.jit
+def _positions(pid_m, BM: tl.constexpr, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw):
+    # A program's rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so neighbouring rows read
+    # neighbouring input columns. int32 positions (the hosts check n_pos < 2**31), int64 addresses; x_base is
+    # the offset of each row's neighbour (0, 0, 0).
+    rows = pid_m * BM + tl.arange(0, BM)
+    qw = rows % Wp
+    t = rows // Wp
+    qh = t % Hp
+    t = t // Hp
+    qd = t % Dp
+    n = t // Dp
+    x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
+    return rows < n_pos, n, qd, qh, qw, x_base
+
+
 # What _packed_gemm accumulates (see the kernel's non-finite correction).
 _PRODUCT = tl.constexpr(0)  # x @ W
 _FINITE = tl.constexpr(1)  # x with its infinities zeroed @ W
@@ -239,17 +255,7 @@ def _conv_t3d_pool_gemm_kernel(
     else:
         work = True
     if work:
-        # Rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so a column of A is a run of neighbouring
-        # input elements. int32 positions (the host checks n_pos < 2**31), int64 addresses.
-        rows = pid_m * BM + tl.arange(0, BM)
-        row_ok = rows < n_pos
-        qw = rows % Wp
-        t = rows // Wp
-        qh = t % Hp
-        t = t // Hp
-        qd = t % Dp
-        n = t // Dp
-        x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
+        row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
 
         # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR); column = phase * BNC + channel.
         w_base = w_ptr + pid_n * (KP * NP)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
-from ._conv_post_pool_gemm_triton import _dot, _round_tf32, _round_to_io, _to_io, round_tf32
+from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, _round_to_io, _to_io, round_tf32
 
 __all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -137,17 +137,7 @@ def _conv_t3d_post_pool_kernel(
     pid_n = tl.program_id(1)
     io_dtype = out_ptr.dtype.element_ty
 
-    # Rows are flattened pooled positions (n, qd, qh, qw), qw fastest, so neighbouring rows read neighbouring
-    # input columns; int32 suffices for the position index (the host checks n_pos < 2**31), addresses are int64.
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < n_pos
-    qw = rows % Wp
-    t = rows // Wp
-    qh = t % Hp
-    t = t // Hp
-    qd = t % Dp
-    n = t // Dp
-    x_base = n.to(tl.int64) * sxn + qd.to(tl.int64) * sxd + qh.to(tl.int64) * sxh + qw.to(tl.int64) * sxw
+    row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
 
     cn = pid_n * BN + tl.arange(0, BN)
     cn_ok = cn < Cout
