@@ -112,3 +112,46 @@ def test_fold_cuda_mode_leaves_cpu_graphs_alone(monkeypatch):
     with torch.no_grad():
         _, code, matched = compile_run(model, x)
     assert matched == 1 and "post_pool_bias" not in code
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_conv_route_inference_and_training(device, fold, monkeypatch):
+    # CHANNELS_LAST_CONV: the convolution feeding the chain gets a channels_last_3d input, so its output, the
+    # fused op and the gradients stay channels_last; the chain's output keeps the layout it had (contiguous).
+    monkeypatch.setattr(fusion_pass, "CHANNELS_LAST_CONV", "always")
+    torch.manual_seed(3)
+    model = ConvTransposeLeakyMulLeakyPool().to(device)
+    x = torch.randn(2, 16, 4, 8, 8, device=device)
+    with torch.no_grad():
+        out, code, matched = compile_run(model, x)
+        ref = model(x)
+    assert matched == 1 and "post_pool_bias" in code
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+    # Training, against eager autograd; the post-grad graphs (after the pass and AOTAutograd) are recorded.
+    graphs = []
+
+    def record(graph):
+        graphs.append(str(graph))
+
+    xg = x.clone().requires_grad_()
+    params = [model.multiplier, model.conv_transpose.weight, model.conv_transpose.bias]
+    want = torch.autograd.grad(model(xg).sum(), [xg, *params])
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=record):
+        got_out = torch.compile(model, backend="inductor")(xg)
+    assert got_out.is_contiguous()
+    got = torch.autograd.grad(got_out.sum(), [xg, *params])
+    for name, a, b in zip(("input", "multiplier", "weight", "bias"), got, want):
+        assert _rel(a, b) < 1e-5, f"{name} gradient differs from eager: rel {_rel(a, b):.2e}"
+    fw = graphs[0]
+    # The convolution's input is copied to channels_last_3d before the convolution runs.
+    assert "memory_format: torch.channels_last_3d" in fw and "post_pool_bias_with_offsets" in fw, fw
+
+
+def test_channels_last_conv_setting_changes_uuid(monkeypatch):
+    monkeypatch.setattr(fusion_pass, "CHANNELS_LAST_CONV", "off")
+    off = fusion_pass.PostPoolFusionPass().uuid()
+    monkeypatch.setattr(fusion_pass, "CHANNELS_LAST_CONV", "cuda")
+    assert fusion_pass.PostPoolFusionPass().uuid() != off
