@@ -97,14 +97,17 @@ def main():
         except Exception as e:  # noqa: BLE001
             add("phase-exact t1", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
 
-    # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32).
+    # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32[, output channels per
+    # program: 16 halves the accumulator, at the price of reading the input tile twice]).
     K, R = True, False
     configs = {
         # Around the shipped configs (_conv_triton_op._CONFIGS), and the ones that were faster while the
         # non-finite correction was still compiled into the kernel.
-        "tf32": [(64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True)],
+        "tf32": [(64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True),
+                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16)],
         "bf16": [(64, 64, 4, 3, R, False), (128, 64, 8, 3, R, False), (64, 32, 4, 3, K, False),
-                 (64, 64, 4, 3, K, False), (128, 64, 8, 3, K, False), (64, 64, 4, 4, R, False)],
+                 (64, 64, 4, 3, K, False), (128, 64, 8, 3, K, False), (64, 64, 4, 4, R, False),
+                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16)],
         "fp32": [],
     }
     if args.quick:
@@ -113,9 +116,11 @@ def main():
         xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
         tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
         out = torch.empty(n, 32, 16, 32, 32, device=dev, dtype=dt)
-        for bm, bk, nw, ns, kmajor, round_a in configs[tag]:
-            wp = gemm.pack_weight(ws, 16, 32, dt, tf32 and round_a, kmajor)
-            name = f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
+        for bm, bk, nw, ns, kmajor, round_a, *rest in configs[tag]:
+            bnc = rest[0] if rest else 32
+            wp = gemm.pack_weight(ws, 16, bnc, dt, tf32 and round_a, kmajor)
+            name = (f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
+                    f"{f' cout/program {bnc}' if bnc != 32 else ''}")
             try:
                 def fn():
                     return gemm.conv_transpose3d_post_pool_gemm(xs, ws, bs, ms, S1, S1, op, tf32, out=out,

@@ -81,6 +81,15 @@ def test_gemm_kernel_matches_float64(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemm_kernel_with_fewer_channels_per_program(dtype):
+    # Output channels split over programs (bnc < Cout): each program's weight block and channel range.
+    n, cin, cout, dhw, op, (s1, s2), mult = CASES[1]
+    x, w, b, m = make(n, cin, cout, dhw, dtype, mult, seed=9)
+    out = gemm.conv_transpose3d_post_pool_gemm(x, w, b, m, s1, s2, op, False, bnc=8)
+    check(out, reference(x, w, b, m, s1, s2, op), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fmt", ["contiguous", "channels_last_3d", "strided"])
 def test_op_matches_float64(dtype, fmt):
     x, w, b, m = make(2, 16, 32, (3, 4, 5), dtype, "mixed", seed=3)

@@ -416,10 +416,11 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
 
 def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
                                     w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
-                                    round_a=None, use_asm=None, w_kmajor=False):
+                                    round_a=None, use_asm=None, w_kmajor=False, bnc=None):
     """Inference forward with an explicit launch config (the config sweep and the kernel's tests). x [N, Cin, D,
     H, W] (any strides), weight [Cin, Cout, 3, 3, 3], mult a contiguous [Cout] tensor. Returns the pooled output
-    in x's memory format (or ``out``)."""
+    in x's memory format (or ``out``). ``bnc``: output channels per program (default min(Cout, 32)); ignored
+    when ``w_packed`` is given, whose blocks fix it."""
     N, Cin, D, H, W = x.shape
     Cout = weight.shape[1]
     op = list(output_padding)
@@ -432,7 +433,8 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
     tf32 = x.dtype == torch.float32 and allow_tf32
     if w_packed is None:
         cin_p = _pow2_at_least(Cin, 16)
-        bnc = min(_pow2_at_least(Cout, 4), 32)
+        # Output channels per program (the packed weight's block width): fewer means a smaller accumulator.
+        bnc = bnc or min(_pow2_at_least(Cout, 4), 32)
         w_packed = pack_weight(weight, cin_p, bnc, x.dtype, tf32 and round_a is not False, w_kmajor)
     return launch(x, w_packed, bias, mult, s1, s2, out, op, tf32=tf32, kmajor=w_kmajor,
                   bm=bm or (32 if _INTERPRET else 128), bk=bk or (32 if x.dtype == torch.float32 else 64),
