@@ -379,12 +379,13 @@ def _pow2_at_least(n: int, floor: int) -> int:
 
 
 def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor, bm, bk, num_warps, num_stages,
-           round_a=None, use_asm=None, kernel_wrapper=None):
+           round_a=None, use_asm=None, kernel_wrapper=None, precision=None):
     """The one place that launches the kernel: the main launch, then the fix-up launch for flagged tiles.
 
     ``out`` is the preallocated pooled output (any strides), ``w_packed`` from ``pack_weight`` (or the traceable
     packing in ``_conv_triton_op``) with the same ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout]
     tensor. ``kernel_wrapper`` (``torch.library.wrap_triton`` under tracing) wraps the kernel before launch.
+    ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else "ieee"), e.g. "tf32x3".
     """
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
@@ -406,7 +407,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
                 *x.stride(), *out.stride(),
                 CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
                 IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
-                PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(tf32 if round_a is None else round_a),
+                PRECISION=precision or ("tf32" if tf32 else "ieee"), ROUND_A=bool(tf32 if round_a is None else round_a),
                 USE_ASM=bool(not _INTERPRET if use_asm is None else use_asm),
                 SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor), BM=bm,
                 BK=min(bk, 8 * cin_p), FIXUP=fixup, num_warps=num_warps, num_stages=num_stages,
@@ -416,7 +417,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
 
 def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
                                     w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
-                                    round_a=None, use_asm=None, w_kmajor=False, bnc=None):
+                                    round_a=None, use_asm=None, w_kmajor=False, bnc=None, precision=None):
     """Inference forward with an explicit launch config (the config sweep and the kernel's tests). x [N, Cin, D,
     H, W] (any strides), weight [Cin, Cout, 3, 3, 3], mult a contiguous [Cout] tensor. Returns the pooled output
     in x's memory format (or ``out``). ``bnc``: output channels per program (default min(Cout, 32)); ignored
@@ -439,4 +440,4 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
     return launch(x, w_packed, bias, mult, s1, s2, out, op, tf32=tf32, kmajor=w_kmajor,
                   bm=bm or (32 if _INTERPRET else 128), bk=bk or (32 if x.dtype == torch.float32 else 64),
                   num_warps=num_warps or (4 if _INTERPRET else 8), num_stages=num_stages or (1 if _INTERPRET else 3),
-                  round_a=round_a, use_asm=use_asm)
+                  round_a=round_a, use_asm=use_asm, precision=precision)
