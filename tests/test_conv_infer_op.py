@@ -191,3 +191,23 @@ def test_outside_the_fused_path_raises():
         OP(x, w[:, :, :2], b, m, 0.2, 0.2, [1, 1, 1], False)
     with pytest.raises(RuntimeError, match="multiplier"):
         OP(x, w, b, m[:5], 0.2, 0.2, [1, 1, 1], False)
+
+
+@pytest.mark.parametrize("dtype,tf32", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
+                         ids=["tf32", "fp32", "bf16"])
+def test_fake_impl_traces_with_symbolic_shapes(dtype, tf32):
+    # The op's body is its own fake impl, and under torch.compile(dynamic=True) it runs on symbolic sizes: the
+    # host code (shapes, grid, packing) must trace, keep batch and spatial sizes symbolic and give the strides
+    # of the real output.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w, b, m = make(2, 16, 32, (3, 4, 5), dtype)
+    gm = make_fx(lambda x, w, b, m: OP(x, w, b, m, 0.2, 0.2, [1, 1, 0], tf32), tracing_mode="symbolic")(x, w, b, m)
+    out_node = [n for n in gm.graph.nodes
+                if n.op == "call_function" and "conv_transpose3d_post_pool_infer" in str(n.target)]
+    assert len(out_node) == 1
+    val = out_node[0].meta["val"]
+    assert any(isinstance(s, torch.SymInt) for s in val.shape), val.shape  # batch/spatial stayed symbolic
+    real = OP(x, w, b, m, 0.2, 0.2, [1, 1, 0], tf32)
+    assert [int(s) for s in val.shape] == list(real.shape)
+    assert [int(s) for s in val.stride()] == list(real.stride())
