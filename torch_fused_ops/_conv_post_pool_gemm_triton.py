@@ -17,7 +17,12 @@ epilogue on every phase and max_pool3d's selection (first maximum, any NaN wins)
 
 float32 with TF32: the tensor cores ignore the low 13 mantissa bits of their operands (truncation, a bias of
 about -2^-11 per operand); the kernel rounds the input tile to nearest (cvt.rna) and the host rounds the
-packed weight the same way, which is what brings the error down to that of cuDNN's TF32 convolution.
+packed weight the same way, which is what brings the error down to that of cuDNN's TF32 convolution. TF32
+wants the weight K-major (``kmajor``): tensor-core TF32 instructions read B that way only.
+
+Infinite inputs: a structural zero times inf is NaN where the convolution has no product at all. Each program
+flags a tile with any non-finite result; a second launch (FIXUP) recomputes only flagged tiles with the
+infinities counted instead of multiplied (see the kernel). ``launch`` issues both.
 
 Self-contained (torch + triton only); under TRITON_INTERPRET=1 (set before import) it runs on CPU tensors.
 """

@@ -7,8 +7,11 @@ x[q..q+1] of each dim, and the 8 phases together use each of the 27 taps exactly
 BM pooled positions x BN output channels: it forms each phase's conv output as a sum of [BM, Cin] @ [Cin, BN]
 dots, applies the epilogue, and keeps max_pool3d's running selection, so the conv output never touches memory.
 
-This module is self-contained (torch + triton only) so that benchmarks can load it from its file without the
-package's compiled extension. Importing it does not need a GPU; under TRITON_INTERPRET=1 (set before the
+Used for the training forward (with offsets) and for strict float32; inference in TF32 and half precision runs
+the packed-GEMM kernel of ``_conv_post_pool_gemm_triton`` (see ``_conv_triton_op._CONFIGS`` for the measurements).
+
+This module needs only torch and triton (and its sibling kernel module), so that benchmarks can load it without
+the package's compiled extension. Importing it does not need a GPU; under TRITON_INTERPRET=1 (set before the
 import) the kernel runs on CPU tensors through the Triton interpreter.
 """
 from __future__ import annotations
