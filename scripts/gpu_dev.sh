@@ -78,7 +78,7 @@ fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   t0=$SECONDS
   timeout ${BENCH_TIMEOUT:-300} python3 -m torch_fused_ops.bench --shapes "${BENCH_SHAPES:-16,32,32,64,64}" \
-    --model-configs "${MODEL_CONFIGS:-fp32,bf16,fp32-b1,fp32-strict}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
+    --model-configs "${MODEL_CONFIGS:-fp32,bf16,fp32-b1,fp32-b1-graphs,fp32-strict}" ${BENCH_EXTRA:-} --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
   note "bench: rc=$? in $((SECONDS - t0)) s"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
   tail -5 "$T/bench.log" >> "$summary"
 fi

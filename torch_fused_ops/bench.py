@@ -127,12 +127,15 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     return rows
 
 
-# Whole-Model configurations (--model-configs): dtype, batch (None: the device's default), TF32 for convolutions.
+# Whole-Model configurations (--model-configs): dtype, batch (None: the device's default), TF32 for convolutions,
+# torch.compile mode. "fp32-b1-graphs" is batch 1 with CUDA graphs (mode "reduce-overhead"), where the host's
+# per-launch work, which dominates batch 1, is replayed by the GPU instead.
 MODEL_CONFIGS = {
-    "fp32": (torch.float32, None, True),
-    "bf16": (torch.bfloat16, None, True),
-    "fp32-b1": (torch.float32, 1, True),
-    "fp32-strict": (torch.float32, None, False),
+    "fp32": (torch.float32, None, True, None),
+    "bf16": (torch.bfloat16, None, True, None),
+    "fp32-b1": (torch.float32, 1, True, None),
+    "fp32-b1-graphs": (torch.float32, 1, True, "reduce-overhead"),
+    "fp32-strict": (torch.float32, None, False, None),
 }
 
 
@@ -141,14 +144,14 @@ def bench_model(device, reps, use_compile=True, configs=("fp32",)):
     One block of rows per configuration in `configs` (keys of MODEL_CONFIGS)."""
     rows = []
     for config in configs:
-        dtype, batch, tf32 = MODEL_CONFIGS[config]
+        dtype, batch, tf32, mode = MODEL_CONFIGS[config]
         with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=tf32):
             rows += _bench_model_config(device, reps, use_compile, config, dtype, batch,
-                                        extra_variant=config == configs[0])
+                                        extra_variant=config == configs[0], mode=mode)
     return rows
 
 
-def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_variant):
+def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_variant, mode=None):
     from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT, ConvTransposeLeakyMulLeakyPool
 
     if batch is None:
@@ -185,7 +188,7 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
         with torch_fused_ops.fusion_enabled(bool(use_pass)), contextlib.ExitStack() as stack:
             for cm in fresh:
                 stack.enter_context(cm)
-            fn = model if use_pass is None else torch.compile(model)
+            fn = model if use_pass is None else torch.compile(model, mode=mode)
             with torch.no_grad():
                 fwd = median_us(lambda: fn(x), device, reps=reps)
 
