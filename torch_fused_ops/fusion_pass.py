@@ -341,6 +341,8 @@ def _channels_last_conv(chain_input: Any, chain_out: Any) -> bool:
         return False
     if chain_input.op != "call_function" or chain_input.target not in _CONV_SIGS:
         return False
+    if len(chain_input.users) != 1:
+        return False  # another user (perhaps a graph output) would see the convolution's layout change
     names = _CONV_SIGS[chain_input.target]
     b = _bind(chain_input, names, {n: None for n in names[2:]})
     if b is None or not isinstance(b["input"], Node):
