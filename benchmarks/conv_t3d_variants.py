@@ -103,11 +103,16 @@ def main():
     configs = {
         # Around the shipped configs (_conv_triton_op._CONFIGS), and the ones that were faster while the
         # non-finite correction was still compiled into the kernel.
+        # Persistent candidates (last field 1): the weight block stays in shared memory (offline sm_90 compile:
+        # 8 warps, 255 registers without spills, 80 KB bf16 / 172 KB TF32 of shared memory; 4 warps spill).
         "tf32": [(64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True),
-                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16)],
+                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16),
+                 (64, 128, 8, 2, K, True, 32, None, 1), (64, 128, 8, 3, K, True, 32, None, 1)],
         "bf16": [(64, 64, 4, 3, R, False), (128, 64, 8, 3, R, False), (64, 32, 4, 3, K, False),
                  (64, 64, 4, 3, K, False), (128, 64, 8, 3, K, False), (64, 64, 4, 4, R, False),
-                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16)],
+                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16),
+                 (64, 128, 8, 2, R, False, 32, None, 1), (64, 128, 8, 3, R, False, 32, None, 1),
+                 (64, 128, 8, 2, K, False, 32, None, 1)],
         # Strict float32 through three TF32 products per product ("tf32x3"): fp32-level error on tensor cores.
         # A candidate only: PyTorch's strict mode promises float32 math, so it ships only if its error is at
         # float32's level (the row's error column) and it is much faster than the phase-exact kernel.
@@ -122,15 +127,17 @@ def main():
         for bm, bk, nw, ns, kmajor, round_a, *rest in configs[tag]:
             bnc = rest[0] if rest else 32
             precision = rest[1] if len(rest) > 1 else None
+            persistent = rest[2] if len(rest) > 2 else 0
             wp = gemm.pack_weight(ws, 16, bnc, dt, tf32 and round_a, kmajor)
             name = (f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
-                    f"{f' cout/program {bnc}' if bnc != 32 else ''}{f' {precision}' if precision else ''}")
+                    f"{f' cout/program {bnc}' if bnc != 32 else ''}{f' {precision}' if precision else ''}"
+                    f"{' persistent' if persistent else ''}")
             try:
                 def fn():
                     return gemm.conv_transpose3d_post_pool_gemm(xs, ws, bs, ms, S1, S1, op, tf32, out=out,
                                                                 w_packed=wp, bm=bm, bk=bk, num_warps=nw,
                                                                 num_stages=ns, round_a=round_a, w_kmajor=kmajor,
-                                                                precision=precision)
+                                                                precision=precision, persistent_ctas=persistent)
                 out.fill_(float("nan"))
                 o = fn()
                 add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))

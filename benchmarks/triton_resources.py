@@ -1,0 +1,106 @@
+"""Registers, spills, shared memory and matrix instructions of the fused-convolution Triton kernels, compiled
+for sm_90 (the H200) on a machine without a GPU.
+
+    python benchmarks/triton_resources.py
+
+Triton compiles to a cubin for a named target without a device; `cuobjdump` (shipped in Triton's NVIDIA backend)
+reads its resource usage and SASS. Launch configs that spill, lose their wgmma (HGMMA) instructions or need too
+much shared memory can be ruled out before spending device time. Triton here may be newer than on the device
+(3.8 vs 3.6 on 2026-11-29), so treat the figures as indicative.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+if "torch_fused_ops" not in sys.modules:  # the kernels only: no compiled extension needed
+    _pkg = types.ModuleType("torch_fused_ops")
+    _pkg.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_fused_ops")]
+    sys.modules["torch_fused_ops"] = _pkg
+from torch_fused_ops import _conv_post_pool_gemm_triton as gemm  # noqa: E402
+
+_POINTERS = ("x_ptr", "w_ptr", "b_ptr", "m_ptr", "out_ptr")
+
+
+def _cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    ptr = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}[dtype]
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _POINTERS:
+            sig[name] = ptr
+        elif name == "flag_ptr":
+            sig[name] = "*i32"
+        elif name in ("s1", "s2"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([_cuobjdump(), "--dump-sass", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return dict(registers=int(m.group(1)), spill_stack_bytes=int(m.group(2)), shared_bytes=kernel.metadata.shared,
+                wgmma=sass.count("HGMMA"), mma_sync=sass.count("HMMA"))
+
+
+def main():
+    rows = []
+    for dtype, tf32, kmajor, bm, bk, nw, ns, bnc, persistent in [
+        ("bfloat16", False, False, 64, 64, 4, 3, 32, False),
+        ("bfloat16", False, False, 128, 64, 8, 3, 32, False),
+        ("bfloat16", False, False, 64, 64, 4, 3, 16, False),
+        ("bfloat16", False, False, 64, 128, 8, 2, 32, True),
+        ("float32", True, True, 64, 16, 4, 3, 32, False),
+        ("float32", True, True, 64, 16, 4, 3, 16, False),
+        ("float32", True, True, 64, 128, 8, 2, 32, True),
+    ]:
+        consts = dict(CIN_P=16, BNC=bnc, HAS_BIAS=True, MONO=True, IS_FP32=dtype == "float32",
+                      IS_HALF=dtype != "float32", PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32, USE_ASM=True,
+                      SOFT_BF16=False, W_KMAJOR=kmajor, BM=bm)
+        if persistent:
+            fn = gemm._conv_t3d_pool_gemm_persistent_kernel
+        else:
+            fn = gemm._conv_t3d_pool_gemm_kernel
+            consts.update(BK=bk, FIXUP=False)
+        name = (f"{'persistent' if persistent else 'tiled'} {dtype}{' tf32' if tf32 else ''}"
+                f"{' kmajor' if kmajor else ''} BM{bm}{'' if persistent else f' BK{bk}'} {nw}w {ns}s Cout/prog {bnc}")
+        try:
+            r = resources(fn, dtype, consts, nw, ns)
+        except Exception as e:  # noqa: BLE001
+            r = {"error": str(e).strip().splitlines()[-1][:120]}
+        rows.append((name, r))
+        print(name, r, flush=True)
+    print(f"\nTriton {triton.__version__}, target sm_90\n")
+    print("| kernel / config | registers | spill stack bytes | shared KB | wgmma (HGMMA) | mma.sync (HMMA) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows:
+        if "error" in r:
+            print(f"| {name} | failed: {r['error']} | | | | |")
+        else:
+            print(f"| {name} | {r['registers']} | {r['spill_stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | "
+                  f"{r['wgmma']} | {r['mma_sync']} |")
+
+
+if __name__ == "__main__":
+    main()
