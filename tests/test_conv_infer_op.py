@@ -226,3 +226,11 @@ def test_gemm_kernel_persistent_variant(dtype):
     ref = reference(x, w, b, m, 0.2, 0.2, (1, 1, 1))
     assert ref.isinf().any()
     check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype,tf32", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
+                         ids=["tf32", "fp32", "bf16"])
+def test_empty_batch(dtype, tf32):
+    x, w, b, m = make(2, 16, 32, (3, 4, 5), dtype)
+    out = OP(x[:0], w, b, m, 0.2, 0.2, [1, 1, 1], tf32)
+    assert out.shape == (0, 32, 3, 4, 5) and out.dtype == dtype
