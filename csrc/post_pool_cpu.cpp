@@ -114,11 +114,11 @@ struct Quad {
   T* line(int jd, int jh) const { return p + jd * sd + jh * sh; }
 };
 
-// The 2x2x2 fast paths run the float/double SIMD kernels for every dtype. They compute in acc_t, as the scalar
-// path does: float16/bfloat16 inputs widen exactly, the selected input narrows back exactly and the output is
-// rounded once, so results stay bit-identical. Staging gives a kernel acc_t views of what it reads and writes:
-// float/double tensors are handed through untouched (no copy); float16/bfloat16 go through float buffers,
-// converted on in() and back on store().
+// The 2x2x2 fast paths and the channels_last SIMD path run the float/double SIMD kernels for every dtype. They
+// compute in acc_t, as the scalar path does: float16/bfloat16 inputs widen exactly, the selected input narrows
+// back exactly and the output is rounded once, so results stay bit-identical. Staging gives a kernel acc_t views
+// of what it reads and writes: float/double tensors are handed through untouched (no copy); float16/bfloat16 go
+// through float buffers, converted on in() and back on store().
 template <typename scalar_t>
 class Staging {
  public:
@@ -140,6 +140,17 @@ class Staging {
       float* buf = take(4 * n);
       for (int q = 0; q < 4; ++q) to_float(src.line(q >> 1, q & 1), buf + q * n, n);
       return {buf, n, 2 * n};
+    }
+  }
+  // As in(), for inputs read one at a time: every call converts into the same buffer, so what it returns is
+  // valid only until the next call.
+  const acc_t* in_transient(const scalar_t* src, int64_t n) {
+    if constexpr (kPassThrough) {
+      return src;
+    } else {
+      if (static_cast<int64_t>(transient_.size()) < n) transient_.resize(n);
+      to_float(src, transient_.data(), n);
+      return transient_.data();
     }
   }
   acc_t* out(scalar_t* dst, int64_t n) {
@@ -188,11 +199,12 @@ class Staging {
   std::vector<std::vector<float>> bufs_;
   size_t used_ = 0;
   std::vector<WriteBack> pending_;
+  std::vector<float> transient_;
 };
 
 // Contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
-template <typename scalar_t, typename off_t>
-void forward_rows_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+template <typename scalar_t>
+void forward_rows_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const PoolGeometry& g, double s1d, double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
@@ -207,8 +219,7 @@ void forward_rows_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometr
       const int64_t o = r * g.OW;
       acc_t* out = stage.out(p.out + o, g.OW);
       acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW);
-      uint8_t* off = nullptr;
-      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      uint8_t* off = p.off == nullptr ? nullptr : p.off + o;
       simd::row_2x2x2(x.line(0, 0), x.line(0, 1), x.line(1, 0), x.line(1, 1), g.OW,
                       static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]), s1, s2, out, sel, off);
       stage.store();
@@ -217,8 +228,8 @@ void forward_rows_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometr
 }
 
 // channels_last_3d, 2x2x2 exact tiling: a row of pooled positions per call of the vectorized kernel.
-template <typename scalar_t, typename off_t>
-void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+template <typename scalar_t>
+void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const PoolGeometry& g, double s1d,
                                  double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
@@ -237,32 +248,34 @@ void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, off_t>& p, const Po
       const int64_t o = r * g.OW * g.C;
       acc_t* out = stage.out(p.out + o, g.OW * g.C);
       acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW * g.C);
-      uint8_t* off = nullptr;
-      if constexpr (std::is_same_v<off_t, uint8_t>) off = p.off == nullptr ? nullptr : p.off + o;
+      uint8_t* off = p.off == nullptr ? nullptr : p.off + o;
       simd::channels_row_2x2x2(x.p, x.sh, x.sd, g.OW, g.C, m.data(), s1, s2, out, sel, off);
       stage.store();
     }
   });
 }
 
-// float/double, channels_last_3d, any window: per pooled position, each in-range tap is folded into the running
-// max of all C channels by the vectorized channel kernel, in window order.
+// channels_last_3d, any window: per pooled position, each in-range tap is folded into the running max of all C
+// channels by the vectorized channel kernel, in window order (float16/bfloat16 on float copies of each tap's C
+// channels).
 template <typename scalar_t, typename off_t>
 void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
                                 double s2d) {
-  const scalar_t s1 = static_cast<scalar_t>(s1d), s2 = static_cast<scalar_t>(s2d);
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
-  std::vector<scalar_t> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = p.m[c * p.m_stride];
+  std::vector<acc_t> m(g.C);
+  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<acc_t>(p.m[c * p.m_stride]);
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
   at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
+    Staging<scalar_t> stage;
     for (int64_t pos = begin; pos < end; ++pos) {
       int64_t n, od, oh, ow;
       position_coords(pos, g, n, od, oh, ow);
       const TapRange t = tap_range(g, od, oh, ow);
       const int64_t o = pos * g.C;
-      scalar_t* out = p.out + o;
-      scalar_t* sel = p.sel == nullptr ? nullptr : p.sel + o;
+      acc_t* out = stage.out(p.out + o, g.C);
+      acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.C);
       uint8_t* off8 = nullptr;
       int32_t* off32 = nullptr;
       if (p.off != nullptr) {
@@ -270,9 +283,9 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
       }
       const off_t first = static_cast<off_t>(t.first_offset);
       for (int64_t c = 0; c < g.C; ++c) {
-        out[c] = -std::numeric_limits<scalar_t>::infinity();
+        out[c] = -std::numeric_limits<acc_t>::infinity();
         if (sel != nullptr) {
-          sel[c] = scalar_t(0);
+          sel[c] = acc_t(0);
           p.off[o + c] = first;
         }
       }
@@ -282,68 +295,18 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
           for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
             const scalar_t* x =
                 xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
-            simd::channels_tap(x, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), out,
-                               sel, off8, off32);
+            simd::channels_tap(stage.in_transient(x, g.C), m.data(), g.C, s1, s2,
+                               static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), out, sel, off8, off32);
           }
         }
       }
-    }
-  });
-}
-
-// float16/bfloat16, channels_last_3d, any window: as forward_channels_last_simd, on float copies of each
-// tap's C channels.
-template <typename scalar_t, typename off_t>
-void forward_channels_last_lowp(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
-                                double s2d) {
-  const float s1 = static_cast<float>(s1d), s2 = static_cast<float>(s2d);
-  const Strides st = input_strides(g);
-  std::vector<float> m(g.C);
-  for (int64_t c = 0; c < g.C; ++c) m[c] = static_cast<float>(p.m[c * p.m_stride]);
-  const int64_t positions = g.N * g.OD * g.OH * g.OW;
-  at::parallel_for(0, positions, std::max<int64_t>(1, kGrain / g.C), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(3 * g.C);
-    float* xf = buf.data();
-    float* outf = xf + g.C;
-    float* self = outf + g.C;
-    for (int64_t pos = begin; pos < end; ++pos) {
-      int64_t n, od, oh, ow;
-      position_coords(pos, g, n, od, oh, ow);
-      const TapRange t = tap_range(g, od, oh, ow);
-      const int64_t o = pos * g.C;
-      const bool save = p.sel != nullptr;
-      uint8_t* off8 = nullptr;
-      int32_t* off32 = nullptr;
-      if (save) {
-        if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
-      }
-      const off_t first = static_cast<off_t>(t.first_offset);
-      for (int64_t c = 0; c < g.C; ++c) {
-        outf[c] = -std::numeric_limits<float>::infinity();
-        self[c] = 0.f;
-        if (save) p.off[o + c] = first;
-      }
-      const scalar_t* xn = p.x + n * st.n;
-      for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
-        for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
-          for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
-            const scalar_t* x =
-                xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
-            to_float(x, xf, g.C);
-            simd::channels_tap(xf, m.data(), g.C, s1, s2, static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), outf,
-                               save ? self : nullptr, off8, off32);
-          }
-        }
-      }
-      from_float(outf, p.out + o, g.C);
-      if (save) from_float(self, p.sel + o, g.C);
+      stage.store();
     }
   });
 }
 
 template <typename scalar_t, typename off_t>
 void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
-  constexpr bool simd_dtype = std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>;
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
   if (p.bias != nullptr) {
     if (g.channels_last) {
@@ -362,11 +325,7 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
         return;
       }
     }
-    if constexpr (simd_dtype) {
-      forward_channels_last_simd(p, g, s1, s2);
-    } else {
-      forward_channels_last_lowp(p, g, s1, s2);
-    }
+    forward_channels_last_simd(p, g, s1, s2);
   } else if (k2) {
     if constexpr (std::is_same_v<off_t, uint8_t>) {
       forward_rows_2x2x2(p, g, s1, s2);
