@@ -187,7 +187,7 @@ def test_opcheck():
 
 def test_outside_the_fused_path_raises():
     x, w, b, m = make(1, 16, 32, (2, 3, 4), torch.float32)
-    with pytest.raises(RuntimeError, match="outside the fused path"):
+    with pytest.raises(ValueError, match="outside the fused path"):
         OP(x, w[:, :, :2], b, m, 0.2, 0.2, [1, 1, 1], False)
     with pytest.raises(RuntimeError, match="multiplier"):
         OP(x, w, b, m[:5], 0.2, 0.2, [1, 1, 1], False)

@@ -382,26 +382,22 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
     return torch.where(special, bits, rounded).view(torch.float32)
 
 
-# Per dim: which tap k connects neighbour t (0: q, 1: q+1) to phase p (0: output 2q, 1: output 2q+1); -1: none.
-_TAP = ((1, 2), (-1, 0))  # _TAP[t][p]
+def tap_index(device: torch.device) -> torch.Tensor:
+    """[8 neighbours, 8 phases] -> tap kd*9 + kh*3 + kw, or 27 (a zero row) where the phase has no tap from that
+    neighbour (27 of the 64 pairs have one). Per dim, with neighbour t (0: q, 1: q+1) and phase p (0: output 2q,
+    1: output 2q+1): (t, p) = (0, 0) -> k=1, (0, 1) -> k=2, (1, 1) -> k=0, (1, 0) -> none.
 
-
-def tap_table() -> list[list[int | None]]:
-    """[8 neighbours][8 phases] -> tap index kd*9 + kh*3 + kw, or None where the phase has no tap from that
-    neighbour (27 of the 64 pairs have one)."""
-    table = []
-    for nb in range(8):
-        row = []
-        for p in range(8):
-            ks = [_TAP[(nb >> s) & 1][(p >> s) & 1] for s in (2, 1, 0)]
-            row.append(ks[0] * 9 + ks[1] * 3 + ks[2] if min(ks) >= 0 else None)
-        table.append(row)
-    return table
-
-
-def _tap_index(device) -> torch.Tensor:
-    """tap_table as a [8, 8] index into the 27 taps plus a zero row (index 27)."""
-    return torch.tensor([[27 if t is None else t for t in row] for row in tap_table()], device=device)
+    Built from aranges rather than written as a constant, so that under torch.compile it folds into the packing
+    kernel (a tensor constant would have to be lifted into the graph)."""
+    nb = torch.arange(8, device=device).view(8, 1)
+    ph = torch.arange(8, device=device).view(1, 8)
+    tap = torch.zeros(8, 8, dtype=torch.long, device=device)
+    real = torch.ones(8, 8, dtype=torch.bool, device=device)
+    for bit, scale in ((4, 9), (2, 3), (1, 1)):
+        t, p = (nb & bit) != 0, (ph & bit) != 0
+        tap = tap + torch.where(t, torch.zeros_like(tap), torch.where(p, 2, 1)) * scale
+        real = real & (p | ~t)
+    return torch.where(real, tap, 27)
 
 
 _TAP_CACHE: dict = {}
@@ -410,17 +406,22 @@ _TAP_CACHE: dict = {}
 def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool,
                 kmajor: bool = False) -> torch.Tensor:
     """[Cin, Cout, 3, 3, 3] -> [n_blocks, 8 * cin_p, 8 * bnc]: row nb * cin_p + ci, column phase * bnc + c
-    (``kmajor``: the transpose of each block, [n_blocks, 8 * bnc, 8 * cin_p], contiguous)."""
+    (``kmajor``: the transpose of each block, [n_blocks, 8 * bnc, 8 * cin_p], contiguous); TF32: rounded to
+    nearest, since the tensor cores would truncate (the kernel rounds the input tiles).
+
+    One gather, which Inductor compiles into a single small kernel when the inference op is traced. In eager
+    the tap index is cached per device; it depends on nothing else, unlike the packed weight itself."""
     cin, cout = weight.shape[0], weight.shape[1]
     nblk = -(-cout // bnc)
-    key = weight.device
-    if key not in _TAP_CACHE:
-        _TAP_CACHE[key] = _tap_index(weight.device)
+    if torch._subclasses.fake_tensor.is_fake(weight):
+        idx = tap_index(weight.device)
+    else:
+        idx = _TAP_CACHE.get(weight.device)
+        if idx is None:
+            idx = _TAP_CACHE[weight.device] = tap_index(weight.device)
     taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
-    taps = torch.cat([taps, taps.new_zeros(1, cin, cout)])
-    if cin != cin_p or cout != nblk * bnc:
-        taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin))
-    g = taps[_TAP_CACHE[key]]  # [8 nb, 8 phase, cin_p, cout_p]
+    taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin, 0, 1))  # + the zero row 27
+    g = taps[idx]  # [8 neighbours, 8 phases, cin_p, nblk * bnc]
     g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
     if kmajor:
         g = g.transpose(1, 2)
@@ -435,8 +436,8 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
            round_a=None, use_asm=None, kernel_wrapper=None, precision=None, persistent_ctas=0):
     """The one place that launches the kernel: the main launch, then the fix-up launch for flagged tiles.
 
-    ``out`` is the preallocated pooled output (any strides), ``w_packed`` from ``pack_weight`` (or the traceable
-    packing in ``_conv_triton_op``) with the same ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout]
+    ``out`` is the preallocated pooled output (any strides), ``w_packed`` from ``pack_weight`` with the same
+    ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout]
     tensor. ``kernel_wrapper`` (``torch.library.wrap_triton`` under tracing) wraps the kernel before launch.
     ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else "ieee"), e.g. "tf32x3".
     ``persistent_ctas`` > 0: the main launch is the persistent kernel with that many programs per multiprocessor

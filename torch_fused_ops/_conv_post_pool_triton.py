@@ -28,7 +28,7 @@ from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
 from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, _round_to_io, _to_io, round_tf32
 
-__all__ = ["conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
+__all__ = ["check_kernel_args", "conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SUPPORTED_DTYPES = (torch.float32, *_HALF_DTYPES)
@@ -335,19 +335,10 @@ def _pack_weight(weight: torch.Tensor, cin_p: int, cout_p: int, dtype: torch.dty
     return round_tf32(packed) if tf32 else packed
 
 
-def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                      multiplier_1d: torch.Tensor, negative_slope: float, negative_slope2: float,
-                                      output_padding, allow_tf32: bool, with_offsets: bool, kernel_wrapper=None):
-    """max_pool3d(leaky(leaky(conv_transpose3d(x, weight, bias, stride=2, padding=1, output_padding), s1) * m, s2),
-    kernel 2, stride 2).
-
-    Returns ``out`` or, with ``with_offsets``, ``(out, selected, offsets)``: ``selected`` is the conv output
-    (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
-    offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
-    ``kernel_wrapper`` (``torch.library.wrap_triton`` when traced by torch.compile) wraps the kernel before launch.
-    """
-    # fused.conv_transpose3d_post_pool checks every argument first (with the messages users see); these are
-    # the kernel's own preconditions, kept because the kernel would read out of bounds without them.
+def check_kernel_args(x, weight, bias, multiplier_1d, output_padding) -> None:
+    """The fused-convolution kernels' own preconditions, for both of them (this module's and the packed GEMM).
+    The ops check every argument first, with the messages users see; these stay because a kernel would read out
+    of bounds without them."""
     if not fused_path_applies(x, weight, 2, 1, output_padding, 1, 1, 2, 2, 0, 1, False):
         raise ValueError(
             "arguments outside the fused path: expected a 5-D float16/bfloat16/float32 input on CUDA and a weight "
@@ -367,10 +358,30 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
         raise ValueError(f"expected bias of shape [{Cout}], got {list(bias.shape)}")
     if multiplier_1d.numel() != Cout:
         raise ValueError(f"expected {Cout} multiplier elements (one per output channel), got {multiplier_1d.numel()}")
-    mult = multiplier_1d.reshape(Cout)
-    op = _as3(output_padding)
     if N > 0 and Cin > 0 and min(D, H, W) == 0:
         raise ValueError(f"input spatial dims must be non-empty, got shape {list(x.shape)}")
+    op = _as3(output_padding)
+    n_pos = N * (D - 1 + op[0]) * (H - 1 + op[1]) * (W - 1 + op[2])
+    if n_pos >= 2**31:  # positions are int32 in the kernels (addresses are int64)
+        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
+
+
+def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                      multiplier_1d: torch.Tensor, negative_slope: float, negative_slope2: float,
+                                      output_padding, allow_tf32: bool, with_offsets: bool, kernel_wrapper=None):
+    """max_pool3d(leaky(leaky(conv_transpose3d(x, weight, bias, stride=2, padding=1, output_padding), s1) * m, s2),
+    kernel 2, stride 2).
+
+    Returns ``out`` or, with ``with_offsets``, ``(out, selected, offsets)``: ``selected`` is the conv output
+    (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
+    offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
+    ``kernel_wrapper`` (``torch.library.wrap_triton`` when traced by torch.compile) wraps the kernel before launch.
+    """
+    check_kernel_args(x, weight, bias, multiplier_1d, output_padding)
+    N, Cin, D, H, W = x.shape
+    Cout = weight.shape[1]
+    mult = multiplier_1d.reshape(Cout)
+    op = _as3(output_padding)
 
     Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
     shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wp, 0))
@@ -384,8 +395,6 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
         return result
 
     n_pos = N * Dp * Hp * Wp
-    if n_pos >= 2**31:
-        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
     # Channel counts size the program's tiles: under dynamic-shape tracing int() specialises them (the weight's
     # shape fixes them anyway), while the batch and spatial sizes stay symbolic.
     cin_p = _pow2_at_least(int(Cin), 16)

@@ -43,61 +43,28 @@ _CONFIGS = {
 }
 
 
-def _tap_index(device: torch.device) -> Tensor:
-    """[8 neighbours, 8 phases] -> tap kd*9 + kh*3 + kw, or 27 (a zero row) where the phase has no tap from that
-    neighbour. Computed from aranges rather than written as a constant, so that under torch.compile it folds
-    into the packing kernel (a tensor constant would have to be lifted into the graph)."""
-    nb = torch.arange(8, device=device).view(8, 1)
-    ph = torch.arange(8, device=device).view(1, 8)
-    tap = torch.zeros(8, 8, dtype=torch.long, device=device)
-    real = torch.ones(8, 8, dtype=torch.bool, device=device)
-    for bit, scale in ((4, 9), (2, 3), (1, 1)):
-        t, p = (nb & bit) != 0, (ph & bit) != 0
-        # Per dim (gemm._TAP): neighbour q, phase 0 -> k=1; q, phase 1 -> k=2; q+1, phase 1 -> k=0; q+1, phase 0: none.
-        k = torch.where(t, torch.zeros_like(tap), torch.where(p, 2, 1))
-        real = real & (p | ~t)
-        tap = tap + k * scale
-    return torch.where(real, tap, 27)
-
-
-def _pack_gemm_weight(weight: Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool, kmajor: bool) -> Tensor:
-    """The packed GEMM weight (layout of ``gemm.pack_weight``) with one gather, which Inductor compiles into a
-    single small kernel; in eager it is a handful of ops."""
-    cin, cout = weight.shape[0], weight.shape[1]
-    nblk = -(-cout // bnc)
-    taps = weight.detach().to(dtype).permute(2, 3, 4, 0, 1).reshape(27, cin, cout)
-    taps = torch.nn.functional.pad(taps, (0, nblk * bnc - cout, 0, cin_p - cin, 0, 1))  # + the zero row 27
-    g = taps[_tap_index(weight.device)]  # [8, 8, cin_p, nblk * bnc]
-    g = g.view(8, 8, cin_p, nblk, bnc).permute(3, 0, 2, 1, 4).reshape(nblk, 8 * cin_p, 8 * bnc)
-    if kmajor:
-        g = g.transpose(1, 2)
-    # TF32: round to nearest here, since the tensor cores would truncate (the kernel rounds the input tiles).
-    return gemm.round_tf32(g.contiguous()) if tf32 else g.contiguous()
-
-
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: float, s2: float,
            output_padding: list[int], allow_tf32: bool, kernel_wrapper=None) -> Tensor:
-    """Inference forward on the fused path (the caller has checked ``fused_path_applies``); ``mult`` is a
+    """Inference forward on the fused path (``exact.check_kernel_args`` raises outside it); ``mult`` is a
     contiguous [Cout] tensor. ``kernel_wrapper`` (``wrap_triton`` under tracing) wraps each kernel before launch."""
     wrap = kernel_wrapper or (lambda k: k)
     tf32 = x.dtype == torch.float32 and allow_tf32
     if x.dtype == torch.float32 and not tf32:
         return exact.conv_transpose3d_post_pool_triton(x, weight, bias, mult, s1, s2, output_padding,
                                                        allow_tf32=allow_tf32, with_offsets=False, kernel_wrapper=wrap)
+    exact.check_kernel_args(x, weight, bias, mult, output_padding)
     N, Cin, D, H, W = x.shape
     Cout = weight.shape[1]
     Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
     out = torch.empty((N, Cout, Dp, Hp, Wp), device=x.device, dtype=x.dtype,
                       memory_format=_geometry.output_memory_format(x))
-    n_pos = N * Dp * Hp * Wp
     if out.numel() == 0:
         return out
-    torch._check(n_pos < 2**31, lambda: f"{_OP}: too many pooled positions for int32 indexing: {n_pos}")
     # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
     cin_p = max(16, triton.next_power_of_2(int(Cin)))
     bnc = min(max(4, triton.next_power_of_2(int(Cout))), 32)
     cfg = dict(_CONFIGS["tf32" if tf32 else "half"])
-    w_packed = _pack_gemm_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
+    w_packed = gemm.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
     if gemm._INTERPRET:
         cfg.update(bm=32, num_warps=4, num_stages=1)
     gemm.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, kmajor=cfg["kmajor"], bm=cfg["bm"],
@@ -125,10 +92,6 @@ def conv_transpose3d_post_pool_infer(input: Tensor, weight: Tensor, bias: Tensor
                                      allow_tf32: bool) -> Tensor:
     """``max_pool3d(leaky(leaky(conv_transpose3d(input, weight, bias, 2, 1, output_padding), s1) * m, s2), 2)``
     on the fused path, inference only. Called by compiled graphs that the pass rewrote."""
-    torch._check(exact.fused_path_applies(input, weight, 2, 1, output_padding, 1, 1, 2, 2, 0, 1, False),
-                 lambda: f"{_OP}: arguments outside the fused path: input {list(input.shape)} {input.dtype} on "
-                         f"{input.device}, weight {list(weight.shape)} {weight.dtype}, output_padding "
-                         f"{output_padding}")
     cout = weight.shape[1]
     torch._check(multiplier.numel() == cout or multiplier.numel() == 1,
                  lambda: f"{_OP}: expected 1 or {cout} multiplier elements, got {multiplier.numel()}")
