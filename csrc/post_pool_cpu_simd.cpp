@@ -239,33 +239,67 @@ inline void channels_backward_body(const T* __restrict go, const T* __restrict s
   }
 }
 
+// The per-call choice of body (saving the selection or not, monotone shortcut, offset width), shared by the
+// float and double entry points below. always_inline: each target clone must get its own copy; plain inline was
+// not inlined here, and the AVX-512 clones of row_2x2x2/channels_row_2x2x2 then ran default-target bodies (no
+// zmm instruction left in them, checked with objdump).
+#if defined(__GNUC__) || defined(__clang__)
+#define FUSED_DISPATCH __attribute__((always_inline)) inline
+#else
+#define FUSED_DISPATCH inline
+#endif
+
+template <typename T>
+FUSED_DISPATCH void row_2x2x2_impl(const T* r0, const T* r1, const T* r2, const T* r3, int64_t OW, T m, T s1, T s2,
+                                   T* out, T* sel, uint8_t* off) {
+  if (sel != nullptr) {
+    row_body<T, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  } else if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
+    if (m > T(0)) {
+      row_monotone_body<T, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
+    } else {
+      row_monotone_body<T, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
+    }
+  } else {
+    row_body<T, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+  }
+}
+
+template <typename T>
+FUSED_DISPATCH void channels_row_2x2x2_impl(const T* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const T* m,
+                                            T s1, T s2, T* out, T* sel, uint8_t* off) {
+  if (sel != nullptr) {
+    channels_row_body<T, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  } else if (all_monotone(m, C, s1, s2)) {
+    channels_row_monotone_body<T>(x, sh, sd, OW, C, m, s1, s2, out);
+  } else {
+    channels_row_body<T, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+  }
+}
+
+template <typename T>
+FUSED_DISPATCH void channels_tap_impl(const T* x, const T* m, int64_t C, T s1, T s2, int32_t tap, T* out, T* sel,
+                                      uint8_t* off8, int32_t* off32) {
+  if (sel == nullptr) {
+    channels_body<T, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else if (off8 != nullptr) {
+    channels_body<T, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+  } else {
+    channels_body<T, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
+  }
+}
+
 }  // namespace
 
 FUSED_CLONES void channels_row_2x2x2(const float* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const float* m,
                                      float s1, float s2, float* out, float* sel, uint8_t* off) {
-  if (sel != nullptr) {
-    channels_row_body<float, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
-  } else {
-    if (all_monotone(m, C, s1, s2)) {
-      channels_row_monotone_body<float>(x, sh, sd, OW, C, m, s1, s2, out);
-      return;
-    }
-    channels_row_body<float, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
-  }
+  channels_row_2x2x2_impl(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
 }
 
 FUSED_CLONES void channels_row_2x2x2(const double* x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
                                      const double* m, double s1, double s2, double* out, double* sel,
                                      uint8_t* off) {
-  if (sel != nullptr) {
-    channels_row_body<double, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
-  } else {
-    if (all_monotone(m, C, s1, s2)) {
-      channels_row_monotone_body<double>(x, sh, sd, OW, C, m, s1, s2, out);
-      return;
-    }
-    channels_row_body<double, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
-  }
+  channels_row_2x2x2_impl(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
 }
 
 FUSED_CLONES void row_2x2x2_backward(const float* go, const float* sel, const uint8_t* off, int64_t OW, float m,
@@ -294,58 +328,22 @@ FUSED_CLONES void channels_2x2x2_backward(const double* go, const double* sel, c
 
 FUSED_CLONES void row_2x2x2(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW, float m,
                             float s1, float s2, float* out, float* sel, uint8_t* off) {
-  if (sel != nullptr) {
-    row_body<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
-  } else {
-    if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
-      if (m > float(0)) {
-        row_monotone_body<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
-      } else {
-        row_monotone_body<float, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
-      }
-      return;
-    }
-    row_body<float, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
-  }
+  row_2x2x2_impl(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
 }
 
 FUSED_CLONES void row_2x2x2(const double* r0, const double* r1, const double* r2, const double* r3, int64_t OW,
                             double m, double s1, double s2, double* out, double* sel, uint8_t* off) {
-  if (sel != nullptr) {
-    row_body<double, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
-  } else {
-    if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
-      if (m > double(0)) {
-        row_monotone_body<double, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
-      } else {
-        row_monotone_body<double, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
-      }
-      return;
-    }
-    row_body<double, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
-  }
+  row_2x2x2_impl(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
 }
 
 FUSED_CLONES void channels_tap(const float* x, const float* m, int64_t C, float s1, float s2, int32_t tap,
                                float* out, float* sel, uint8_t* off8, int32_t* off32) {
-  if (sel == nullptr) {
-    channels_body<float, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
-  } else if (off8 != nullptr) {
-    channels_body<float, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
-  } else {
-    channels_body<float, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
-  }
+  channels_tap_impl(x, m, C, s1, s2, tap, out, sel, off8, off32);
 }
 
 FUSED_CLONES void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap,
                                double* out, double* sel, uint8_t* off8, int32_t* off32) {
-  if (sel == nullptr) {
-    channels_body<double, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
-  } else if (off8 != nullptr) {
-    channels_body<double, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
-  } else {
-    channels_body<double, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
-  }
+  channels_tap_impl(x, m, C, s1, s2, tap, out, sel, off8, off32);
 }
 
 FUSED_CLONES void bf16_to_float(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
