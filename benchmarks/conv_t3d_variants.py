@@ -106,11 +106,13 @@ def main():
         # Persistent candidates (last field 1): the weight block stays in shared memory (offline sm_90 compile:
         # 8 warps, 255 registers without spills, 80 KB bf16 / 172 KB TF32 of shared memory; 4 warps spill).
         "tf32": [(64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True),
-                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16),
+                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16), (64, 16, 4, 3, K, True, 8),
+                 (64, 32, 4, 3, K, True, 16), (128, 32, 8, 3, K, True, 16),
                  (64, 128, 8, 2, K, True, 32, None, 1), (64, 128, 8, 3, K, True, 32, None, 1)],
         "bf16": [(64, 64, 4, 3, R, False), (128, 64, 8, 3, R, False), (64, 32, 4, 3, K, False),
                  (64, 64, 4, 3, K, False), (128, 64, 8, 3, K, False), (64, 64, 4, 4, R, False),
-                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16),
+                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16), (64, 64, 4, 3, R, False, 8),
+                 (64, 64, 4, 3, K, False, 16), (128, 64, 8, 3, R, False, 16), (64, 128, 4, 2, R, False, 16),
                  (64, 128, 8, 2, R, False, 32, None, 1), (64, 128, 8, 3, R, False, 32, None, 1),
                  (64, 128, 8, 2, K, False, 32, None, 1)],
         # Strict float32 through three TF32 products per product ("tf32x3"): fp32-level error on tensor cores.

@@ -38,8 +38,8 @@ _OP = "fused::conv_transpose3d_post_pool_infer"
 # - strict float32: the phase-exact kernel (~520 us); the packed GEMM's 2.37x redundant math costs 1675 us in
 #   fp32 FMA.
 _CONFIGS = {
-    "half": dict(bm=64, bk=64, num_warps=4, num_stages=3, kmajor=False),
-    "tf32": dict(bm=64, bk=16, num_warps=4, num_stages=3, kmajor=True),
+    "half": dict(bm=64, bk=64, num_warps=4, num_stages=3, kmajor=False, bnc=32),
+    "tf32": dict(bm=64, bk=16, num_warps=4, num_stages=3, kmajor=True, bnc=32),
 }
 
 
@@ -62,8 +62,9 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
         return out
     # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
     cin_p = max(16, triton.next_power_of_2(int(Cin)))
-    bnc = min(max(4, triton.next_power_of_2(int(Cout))), 32)
     cfg = dict(_CONFIGS["tf32" if tf32 else "half"])
+    # Output channels per program: the config's block width, or fewer when Cout is small.
+    bnc = min(max(4, triton.next_power_of_2(int(Cout))), cfg.pop("bnc"))
     w_packed = gemm.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
     if gemm._INTERPRET:
         cfg.update(bm=32, num_warps=4, num_stages=1)
