@@ -1,8 +1,9 @@
 """Launch configurations of the fused convolution kernels on CUDA, at the KernelBench size, in one run.
 
-    python benchmarks/conv_t3d_variants.py [--quick]
+    python benchmarks/conv_t3d_variants.py [--quick] [--kernels ref,t1,gemm,phase,shipped]
 
-For each kernel (phase-exact `_conv_post_pool_triton`, packed-GEMM `_conv_post_pool_gemm_triton`) and each
+For each kernel (phase-exact `_conv_post_pool_triton`, packed-GEMM `_conv_post_pool_gemm_triton`, phase-split
+GEMM `_conv_post_pool_phase_gemm_triton`) and each
 config: kernel time (block timer, packed weight and output preallocated), relative L2 error against a float64
 reference, and whether it compiled. cuDNN's transposed convolution alone and the eager composite are timed in
 the same run, with cuDNN's own TF32 error, so the rows can be read against them. A table comes last.
@@ -27,6 +28,7 @@ if "torch_fused_ops" not in sys.modules:
     _pkg.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_fused_ops")]
     sys.modules["torch_fused_ops"] = _pkg
 from torch_fused_ops import _conv_post_pool_gemm_triton as gemm  # noqa: E402
+from torch_fused_ops import _conv_post_pool_phase_gemm_triton as phase  # noqa: E402
 from torch_fused_ops import _conv_post_pool_triton as exact  # noqa: E402
 from torch_fused_ops._timing import median_us  # noqa: E402
 
@@ -58,7 +60,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--kernels", default="ref,t1,gemm,phase,shipped",
+                    help="comma list: ref (cuDNN, eager), t1 (phase-exact), gemm (packed; gemm1: first config only), "
+                         "phase (phase-split), "
+                         "shipped (the inference launcher)")
     args = ap.parse_args()
+    kernels = set(args.kernels.split(","))
     torch.manual_seed(0)
     dev = "cuda"
     n = args.batch
@@ -75,7 +82,7 @@ def main():
         print(f"{name:58s} {dtype:6s} {us:9.1f} us  err {err:.2e} {note}", flush=True)
 
     # cuDNN and eager, same run.
-    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)):
+    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)) if "ref" in kernels else ():
         torch.backends.cudnn.allow_tf32 = tf32
         xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
         tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
@@ -86,8 +93,8 @@ def main():
         add("eager composite (conv + chain)", tag, eager_us, rel_err(composite(xs, ws, bs, ms, op), ref))
     torch.backends.cudnn.allow_tf32 = True
 
-    # Phase-exact kernel (what ships), as the launcher calls it.
-    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)):
+    # Phase-exact kernel, as the launcher calls it.
+    for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)) if "t1" in kernels else ():
         xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
         tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
         try:
@@ -105,7 +112,7 @@ def main():
         # non-finite correction was still compiled into the kernel.
         # Persistent candidates (last field 1): the weight block stays in shared memory (offline sm_90 compile:
         # 8 warps, 255 registers without spills, 80 KB bf16 / 172 KB TF32 of shared memory; 4 warps spill).
-        "tf32": [(64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True), (64, 32, 4, 3, K, True),
+        "tf32": [(64, 32, 4, 3, K, True), (64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True),
                  (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16), (64, 16, 4, 3, K, True, 8),
                  (64, 32, 4, 3, K, True, 16), (128, 32, 8, 3, K, True, 16),
                  (64, 128, 8, 2, K, True, 32, None, 1), (64, 128, 8, 3, K, True, 32, None, 1)],
@@ -120,13 +127,29 @@ def main():
         # float32's level (the row's error column) and it is much faster than the phase-exact kernel.
         "fp32": [(64, 16, 4, 3, K, False, 32, "tf32x3"), (128, 16, 8, 3, K, False, 32, "tf32x3")],
     }
+    # Offline sm_90 compiles (benchmarks/triton_resources.py, Triton 3.8): TF32 BM64 4 warps 32 channels 190
+    # registers, 16 channels 146; bf16 BM64 212 / 168; none spills. bf16 needs K >= 16 per dot (ck >= 16).
+    phase_configs = {
+        "tf32": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, K, None, False),
+                 (64, 8, 4, 1, 16, K, None, False), (128, 16, 8, 1, 32, K, None, False),
+                 (128, 16, 4, 1, 16, K, None, False), (64, 16, 4, 1, 32, K, None, True),
+                 (64, 16, 4, 1, 16, K, None, True)],
+        "bf16": [(64, 16, 4, 1, 32, R, None, False), (64, 16, 4, 1, 16, R, None, False),
+                 (128, 16, 8, 1, 32, R, None, False), (128, 16, 4, 1, 16, R, None, False),
+                 (64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, R, None, True)],
+        "fp32": [(64, 16, 4, 1, 16, K, "tf32x3", False), (64, 16, 4, 1, 32, K, "tf32x3", False),
+                 (64, 16, 4, 1, 16, K, "tf32x3", True), (32, 8, 4, 1, 16, R, None, False)],
+    }
     if args.quick:
         configs = {k: v[:2] for k, v in configs.items()}
+        phase_configs = {k: v[:2] for k, v in phase_configs.items()}
     for dt, tf32 in ((torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
         xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
         tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
         out = torch.empty(n, 32, 16, 32, 32, device=dev, dtype=dt)
-        for bm, bk, nw, ns, kmajor, round_a, *rest in configs[tag]:
+        # "gemm1": only the first config of each dtype (the shipped one), for a same-run comparison.
+        gemm_rows = configs[tag] if "gemm" in kernels else configs[tag][:1] if "gemm1" in kernels else ()
+        for bm, bk, nw, ns, kmajor, round_a, *rest in gemm_rows:
             bnc = rest[0] if rest else 32
             precision = rest[1] if len(rest) > 1 else None
             persistent = rest[2] if len(rest) > 2 else 0
@@ -148,6 +171,29 @@ def main():
                 add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
                 if "--verbose" in sys.argv:
                     traceback.print_exc()
+        # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
+        # precision override, with the training forward's selected/offsets outputs).
+        for bm, ck, nw, ns, bnc, kmajor, precision, offs in phase_configs[tag] if "phase" in kernels else ():
+            wp = phase.pack_weight(ws, 16, bnc, dt, tf32, kmajor)
+            name = (f"phase-split bm{bm} ck{ck} w{nw} s{ns} cout/program {bnc}{' kmajor' if kmajor else ''}"
+                    f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}")
+            sel = torch.empty_like(out) if offs else None
+            offsets = torch.empty(out.shape, device=dev, dtype=torch.uint8) if offs else None
+            try:
+                def fn():
+                    return phase.launch(xs, wp, bs, ms, S1, S1, out, op, tf32=tf32, kmajor=kmajor, cin_p=16, bnc=bnc,
+                                        bm=bm, ck=ck, num_warps=nw, num_stages=ns, selected=sel, offsets=offsets,
+                                        precision=precision)
+                out.fill_(float("nan"))
+                o = fn()
+                add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).strip().splitlines()
+                add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
+                if "--verbose" in sys.argv:
+                    traceback.print_exc()
+        if "shipped" not in kernels:
+            continue
         # What ships: the inference launcher (packing and kernel choice included), eager.
         from torch_fused_ops import _conv_triton_op
 

@@ -39,7 +39,7 @@ _OP = "fused::conv_transpose3d_post_pool_infer"
 #   fp32 FMA.
 _CONFIGS = {
     "half": dict(bm=64, bk=64, num_warps=4, num_stages=3, kmajor=False, bnc=32),
-    "tf32": dict(bm=64, bk=16, num_warps=4, num_stages=3, kmajor=True, bnc=32),
+    "tf32": dict(bm=64, bk=32, num_warps=4, num_stages=3, kmajor=True, bnc=32),
 }
 
 
