@@ -137,7 +137,8 @@ def main():
         "bf16": [(64, 16, 4, 1, 32, R, None, False), (64, 16, 4, 1, 16, R, None, False),
                  (128, 16, 8, 1, 32, R, None, False), (128, 16, 4, 1, 16, R, None, False),
                  (64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, R, None, True)],
-        "fp32": [(64, 16, 4, 1, 16, K, "tf32x3", False), (64, 16, 4, 1, 32, K, "tf32x3", False),
+        "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False), (64, 16, 4, 1, 32, K, "3xtf32", True),
+                 (64, 16, 4, 1, 16, K, "tf32x3", False), (64, 16, 4, 1, 32, K, "tf32x3", False),
                  (64, 16, 4, 1, 16, K, "tf32x3", True), (32, 8, 4, 1, 16, R, None, False)],
     }
     if args.quick:
@@ -174,7 +175,7 @@ def main():
         # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
         # precision override, with the training forward's selected/offsets outputs).
         for bm, ck, nw, ns, bnc, kmajor, precision, offs in phase_configs[tag] if "phase" in kernels else ():
-            wp = phase.pack_weight(ws, 16, bnc, dt, tf32, kmajor)
+            wp = phase.pack_weight(ws, 16, bnc, dt, tf32, kmajor, split3=precision == "3xtf32")
             name = (f"phase-split bm{bm} ck{ck} w{nw} s{ns} cout/program {bnc}{' kmajor' if kmajor else ''}"
                     f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}")
             sel = torch.empty_like(out) if offs else None

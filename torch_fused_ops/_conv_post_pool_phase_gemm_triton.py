@@ -62,7 +62,7 @@ def _phase_columns(P: tl.constexpr, CK: tl.constexpr, NB: tl.constexpr):
 def _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, P: tl.constexpr,
                    CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, BM: tl.constexpr, IS_FP32: tl.constexpr,
                    PRECISION: tl.constexpr, ROUND_A: tl.constexpr, USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr,
-                   W_KMAJOR: tl.constexpr):
+                   W_KMAJOR: tl.constexpr, SPLIT3: tl.constexpr, W_SMALL: tl.constexpr):
     # Phase P's conv output before bias, [BM, BNC]: [BM, K_P] x [K_P, BNC] in chunks of CK channels.
     NB: tl.constexpr = (P & 1) + ((P >> 1) & 1) + ((P >> 2) & 1)
     KP: tl.constexpr = CIN_P << NB
@@ -81,10 +81,23 @@ def _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd
             a = _round_tf32(a, USE_ASM)
         r = sub * CIN_P + ci
         if W_KMAJOR:
-            b = tl.load(wp + wn[None, :] * KP + r[:, None])
+            w_at = wn[None, :] * KP + r[:, None]
         else:
-            b = tl.load(wp + r[:, None] * BNC + wn[None, :])
-        acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
+            w_at = r[:, None] * BNC + wn[None, :]
+        b = tl.load(wp + w_at)
+        if SPLIT3:
+            # float32 from three TF32 products: x = big + small with big = TF32(x) and small = x - big (exact),
+            # the same for the weight (split on the host; small at W_SMALL), small x small dropped (~2^-22).
+            # Triton's own "tf32x3" gives NaN for an infinite input (small = inf - inf); here the small parts of
+            # non-finite inputs are 0 and only big x big sees them, so inf * w is what the convolution computes.
+            big = _round_tf32(a, USE_ASM)
+            fin = tl.abs(a) < float("inf")
+            small = _round_tf32(tl.where(fin, a - big, 0.0), USE_ASM)
+            acc = _dot(small, b, acc, IS_FP32, "tf32", SOFT_BF16)
+            acc = _dot(tl.where(fin, big, 0.0), tl.load(wp + W_SMALL + w_at), acc, IS_FP32, "tf32", SOFT_BF16)
+            acc = _dot(big, b, acc, IS_FP32, "tf32", SOFT_BF16)
+        else:
+            acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
     return acc
 
 
@@ -97,7 +110,7 @@ def _conv_t3d_pool_phase_gemm_kernel(
     son, soc, sod, soh, sow,
     CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
-    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
+    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, SPLIT3: tl.constexpr, BM: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -110,7 +123,9 @@ def _conv_t3d_pool_phase_gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
     wn = tl.arange(0, BNC)
-    wp = w_ptr + pid_n * (27 * CIN_P * BNC)
+    # Per block of output channels: the packed weight, then (SPLIT3) its TF32 remainder.
+    W_SMALL: tl.constexpr = 27 * CIN_P * BNC
+    wp = w_ptr + pid_n * (W_SMALL * (2 if SPLIT3 else 1))
 
     best = tl.full([BM, BNC], float("-inf"), tl.float32)
     sel = tl.zeros([BM, BNC], dtype=tl.float32)
@@ -118,7 +133,7 @@ def _conv_t3d_pool_phase_gemm_kernel(
     # Phase p is also max_pool3d's scan order within the window (d-major): the selection relies on it.
     for p in tl.static_range(8):
         acc = _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, p, CIN_P,
-                             CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+                             CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, SPLIT3, W_SMALL)
         wp += (CIN_P << ((p & 1) + ((p >> 1) & 1) + ((p >> 2) & 1))) * BNC
         y = acc
         if HAS_BIAS:
@@ -171,9 +186,11 @@ _PHASE_TAPS = phase_taps()
 
 
 def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, tf32: bool,
-                kmajor: bool = False) -> torch.Tensor:
+                kmajor: bool = False, split3: bool = False) -> torch.Tensor:
     """[Cin, Cout, 3, 3, 3] -> [n_blocks, 27 * cin_p * bnc] (layout in the module docstring); TF32: rounded to
-    nearest, since the tensor cores would truncate (the kernel rounds the input tiles).
+    nearest, since the tensor cores would truncate (the kernel rounds the input tiles). ``split3`` (float32
+    from three TF32 products): [n_blocks, 2 * 27 * cin_p * bnc], each block's TF32-rounded weight, then the
+    rounded remainder.
 
     Slices and one cat (no index tensor), so that under torch.compile it folds into Inductor's kernels without a
     lifted constant."""
@@ -189,6 +206,9 @@ def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, 
             blk = blk.transpose(1, 2)
         parts.append(blk.reshape(nblk, -1))
     g = torch.cat(parts, dim=1).contiguous()
+    if split3:
+        big = round_tf32(g)
+        return torch.cat([big, round_tf32(g - big)], dim=1)
     return round_tf32(g) if tf32 else g
 
 
@@ -197,12 +217,14 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     """One launch. ``out`` (and ``selected``/``offsets`` for the training forward) preallocated with the same
     strides; ``w_packed`` from ``pack_weight`` with the same cin_p, bnc, ``kmajor`` and TF32 rounding; ``mult``
     a contiguous [Cout] tensor. ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else
-    "ieee"). ``kernel_wrapper`` (``torch.library.wrap_triton`` under tracing) wraps the kernel."""
+    "ieee"; "3xtf32": float32 from three TF32 products, with a ``split3`` packed weight). ``kernel_wrapper``
+    (``torch.library.wrap_triton`` under tracing) wraps the kernel."""
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
     Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
     n_pos = N * Dp * Hp * Wp
     with_offsets = selected is not None
+    split3 = precision == "3xtf32"
     wrap = kernel_wrapper or (lambda k: k)
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
@@ -214,8 +236,9 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
             *x.stride(), *out.stride(),
             CIN_P=cin_p, CK=min(ck, cin_p), BNC=bnc, HAS_BIAS=bias is not None, WITH_OFFSETS=with_offsets,
             IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
-            PRECISION=precision or ("tf32" if tf32 else "ieee"), ROUND_A=bool(tf32), USE_ASM=not _INTERPRET,
-            SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor), BM=bm,
+            PRECISION="tf32" if split3 else (precision or ("tf32" if tf32 else "ieee")), ROUND_A=bool(tf32),
+            USE_ASM=not _INTERPRET, SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor),
+            SPLIT3=split3, BM=bm,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out

@@ -7,8 +7,9 @@ is opaque to Inductor: its Python kernel re-checks every argument, repacks the w
 goes through Triton's Python launcher on each call. On the H200 host that measured 416 us of host time per call
 of the compiled Model's forward, against a 161 us kernel: the forward was host-bound.
 
-Kernels: the packed-GEMM kernel (``_conv_post_pool_gemm_triton``) for TF32 and half precision, the phase-exact
-kernel (``_conv_post_pool_triton``) for strict float32; ``_CONFIGS`` says why.
+Kernels: the packed-GEMM kernel (``_conv_post_pool_gemm_triton``) for TF32, the phase-split GEMM
+(``_conv_post_pool_phase_gemm_triton``) for half precision and for strict float32 (three TF32 products);
+``_CONFIGS`` says why. The training forward keeps the phase-exact kernel (``_conv_post_pool_triton``).
 
 The pass routes *inference* graphs here when the fused path applies (CUDA, kernel 3 / stride 2 / padding 1, a
 2x2x2 pool: ``_conv_post_pool_triton.fused_path_applies``, checked at compile time). The op has no autograd:
@@ -24,22 +25,27 @@ import triton
 from torch import Tensor
 
 from . import _conv_post_pool_gemm_triton as gemm
+from . import _conv_post_pool_phase_gemm_triton as phase
 from . import _conv_post_pool_triton as exact
 from . import _geometry
 
 _OP = "fused::conv_transpose3d_post_pool_infer"
 
 # Kernel and launch config per precision, from benchmarks/conv_t3d_variants.py on the H200 at the KernelBench size
-# (2026-11-29, kernel times):
-# - bf16/fp16: packed GEMM, weight [K, N], BM=64/BK=64/4 warps/3 stages: 95.6 us (phase-exact kernel: ~400 us).
-# - TF32: packed GEMM with the weight stored K-major, BM=64/BK=16/4 warps/3 stages: 134.5 us, against 168.6 us
-#   for the phase-exact kernel. TF32 tensor-core instructions read B K-major only; with the [K, N] weight the
-#   same GEMM took 323-391 us.
-# - strict float32: the phase-exact kernel (~520 us); the packed GEMM's 2.37x redundant math costs 1675 us in
-#   fp32 FMA.
+# (kernel times; the same config moved by up to 1.3x between runs, so only same-run comparisons count):
+# - bf16/fp16: the phase-split GEMM, BM=64, 16 channels per K chunk, 4 warps, 32 output channels per program,
+#   weight K-major: 108.6 us against 152.7 us for the packed GEMM in the same run (2026-11-29 evening; the packed
+#   GEMM measured 95.6-115 us in other runs).
+# - TF32: the packed GEMM with the weight stored K-major, BM=64/BK=32/4 warps/3 stages: 141.2 us, against 185.0 us
+#   for the phase-split GEMM in the same run. TF32 tensor-core instructions read B K-major only; with the [K, N]
+#   weight the same GEMM took 323-583 us.
+# - strict float32: the phase-split GEMM with float32 from three TF32 products ("3xtf32"): Triton's "tf32x3" form
+#   of it measured 234.0 us and 2.26e-7 relative L2 error against float64 (the phase-exact kernel in plain fp32:
+#   637 us, 1.48e-7; cuDNN fp32: 7.95e-8; the issue's bound: 1e-5). Our own split keeps infinities exact.
 _CONFIGS = {
-    "half": dict(bm=64, bk=64, num_warps=4, num_stages=3, kmajor=False, bnc=32),
-    "tf32": dict(bm=64, bk=32, num_warps=4, num_stages=3, kmajor=True, bnc=32),
+    "half": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32),
+    "tf32": dict(kernel="packed", bm=64, bk=32, num_warps=4, num_stages=3, kmajor=True, bnc=32),
+    "fp32": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, precision="3xtf32"),
 }
 
 
@@ -48,11 +54,8 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     """Inference forward on the fused path (``exact.check_kernel_args`` raises outside it); ``mult`` is a
     contiguous [Cout] tensor. ``kernel_wrapper`` (``wrap_triton`` under tracing) wraps each kernel before launch."""
     wrap = kernel_wrapper or (lambda k: k)
-    tf32 = x.dtype == torch.float32 and allow_tf32
-    if x.dtype == torch.float32 and not tf32:
-        return exact.conv_transpose3d_post_pool_triton(x, weight, bias, mult, s1, s2, output_padding,
-                                                       allow_tf32=allow_tf32, with_offsets=False, kernel_wrapper=wrap)
     exact.check_kernel_args(x, weight, bias, mult, output_padding)
+    tf32 = x.dtype == torch.float32 and allow_tf32
     N, Cin, D, H, W = x.shape
     Cout = weight.shape[1]
     Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
@@ -62,14 +65,20 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
         return out
     # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
     cin_p = max(16, triton.next_power_of_2(int(Cin)))
-    cfg = dict(_CONFIGS["tf32" if tf32 else "half"])
+    cfg = dict(_CONFIGS["tf32" if tf32 else "half" if x.dtype != torch.float32 else "fp32"])
+    kernel = cfg.pop("kernel")
     # Output channels per program: the config's block width, or fewer when Cout is small.
-    bnc = min(max(4, triton.next_power_of_2(int(Cout))), cfg.pop("bnc"))
-    w_packed = gemm.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
+    bnc = min(max(4 if kernel == "packed" else 16, triton.next_power_of_2(int(Cout))), cfg.pop("bnc"))
     if gemm._INTERPRET:
-        cfg.update(bm=32, num_warps=4, num_stages=1)
-    gemm.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, kmajor=cfg["kmajor"], bm=cfg["bm"],
-                bk=cfg["bk"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], kernel_wrapper=wrap)
+        cfg.update(bm=16 if kernel == "phase" else 32, num_warps=4, num_stages=1)
+    if kernel == "phase":
+        precision = cfg.pop("precision", None)
+        w_packed = phase.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"], split3=precision == "3xtf32")
+        phase.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, cin_p=cin_p, bnc=bnc,
+                     precision=precision, kernel_wrapper=wrap, **cfg)
+    else:
+        w_packed = gemm.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
+        gemm.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, kernel_wrapper=wrap, **cfg)
     return out
 
 
