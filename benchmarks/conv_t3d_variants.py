@@ -134,11 +134,12 @@ def main():
                  (64, 8, 4, 1, 16, K, None, False), (128, 16, 8, 1, 32, K, None, False),
                  (128, 16, 4, 1, 16, K, None, False), (64, 16, 4, 1, 32, K, None, True),
                  (64, 16, 4, 1, 16, K, None, True)],
-        "bf16": [(64, 16, 4, 1, 32, R, None, False), (64, 16, 4, 1, 16, R, None, False),
-                 (128, 16, 8, 1, 32, R, None, False), (128, 16, 4, 1, 16, R, None, False),
-                 (64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, R, None, True)],
-        "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False), (64, 16, 4, 1, 32, K, "3xtf32", True),
-                 (64, 16, 4, 1, 16, K, "tf32x3", False), (64, 16, 4, 1, 32, K, "tf32x3", False),
+        "bf16": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 32, R, None, False),
+                 (64, 16, 4, 1, 16, R, None, False), (128, 16, 8, 1, 32, R, None, False),
+                 (128, 16, 4, 1, 16, R, None, False), (64, 16, 4, 1, 16, R, None, True)],
+        # "tf32x3" here is Triton's three-TF32 dot on the finite inputs plus a TF32 dot for the non-finite ones.
+        "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False), (64, 16, 4, 1, 32, K, "tf32x3", False),
+                 (64, 16, 4, 1, 32, K, "3xtf32", True), (64, 16, 4, 1, 16, K, "tf32x3", False),
                  (64, 16, 4, 1, 16, K, "tf32x3", True), (32, 8, 4, 1, 16, R, None, False)],
     }
     if args.quick:

@@ -196,6 +196,15 @@ def test_uuid_depends_on_setting(monkeypatch):
     assert fusion_pass.PostPoolFusionPass().uuid() != off
 
 
+def _inference_kernel(precision):
+    # The kernel _conv_triton_op._CONFIGS picks for a precision ("half", "tf32" or "fp32"), by its name in
+    # Inductor's generated code.
+    from torch_fused_ops import _conv_triton_op
+
+    return {"phase": "_conv_t3d_pool_phase_gemm_kernel",
+            "packed": "_conv_t3d_pool_gemm_kernel"}[_conv_triton_op._CONFIGS[precision]["kernel"]]
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pass_routes_cuda_inference_to_conv_op(dtype):
@@ -207,7 +216,7 @@ def test_pass_routes_cuda_inference_to_conv_op(dtype):
         out, code = _compile_code(model, x)
     # The route goes through fused.conv_transpose3d_post_pool_infer, a triton_op that Inductor traces into: the
     # generated code launches our Triton kernel itself (no extern call of an op, no aten convolution).
-    assert "_conv_t3d_pool_gemm_kernel" in code  # bf16 and TF32 (the default) take the packed-GEMM kernel
+    assert _inference_kernel("half" if dtype == torch.bfloat16 else "tf32") in code  # TF32: the default
     assert "extern_kernels.convolution(" not in code and "fused.conv_transpose3d_post_pool" not in code
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)  # TF32 default
     torch.testing.assert_close(out, ref, **tol)
@@ -215,7 +224,7 @@ def test_pass_routes_cuda_inference_to_conv_op(dtype):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 def test_pass_cuda_inference_route_strict_float32(monkeypatch):
-    # TF32 off when the graph is compiled: the phase-exact kernel in exact float32 math, close to float64.
+    # TF32 off when the graph is compiled: the strict float32 kernel, close to float64.
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(0)
     model = ConvTransposeLeakyMulLeakyPool().cuda()
@@ -224,7 +233,7 @@ def test_pass_cuda_inference_route_strict_float32(monkeypatch):
         ref = model.double()(x.double()).float()
         model.float()
         out, code = _compile_code(model, x)
-    assert "_conv_t3d_post_pool_kernel" in code and "_conv_t3d_pool_gemm_kernel" not in code
+    assert _inference_kernel("fp32") in code and _inference_kernel("tf32") not in code
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -245,7 +254,7 @@ def test_pass_cuda_inference_route_with_dynamic_shapes():
         codes.append("\n".join(code))
         torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
     # The first call compiles the dynamic graph (the second reuses it, so it generates no code).
-    assert "_conv_t3d_pool_gemm_kernel" in codes[0] and "extern_kernels.convolution(" not in codes[0]
+    assert _inference_kernel("tf32") in codes[0] and "extern_kernels.convolution(" not in codes[0]
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
