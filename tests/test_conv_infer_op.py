@@ -125,6 +125,17 @@ def test_nan_and_inf_propagate(dtype, tf32, slopes):
         check(out, ref, dtype)
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["few-positions", "many-positions"])
+def test_tf32_kernel_choice_by_size(monkeypatch, small):
+    # TF32 takes the phase-split GEMM below _SMALL_POSITIONS and the packed GEMM above: both must be right.
+    monkeypatch.setattr(_conv_triton_op, "_SMALL_POSITIONS", 1 << 40 if small else 0)
+    x, w, b, m = make(2, 16, 32, (3, 4, 5), torch.float32)
+    out = OP(x, w, b, m, 0.2, 0.2, [1, 1, 1], True)
+    ref = reference(x, w, b, m, 0.2, 0.2, [1, 1, 1])
+    assert torch.equal(out.cpu().isnan(), ref.isnan())
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=3e-3, atol=3e-3, equal_nan=True)
+
+
 def test_no_bias_and_scalar_multiplier():
     x, w, _, _ = make(1, 16, 32, (3, 3, 3), torch.bfloat16, bias=False)
     m = torch.tensor([1.5], dtype=torch.bfloat16, device=DEVICE)

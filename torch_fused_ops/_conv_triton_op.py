@@ -34,15 +34,22 @@ _OP = "fused::conv_transpose3d_post_pool_infer"
 # Kernel and launch config per precision, from benchmarks/conv_t3d_variants.py on the H200 at the KernelBench size
 # (kernel times; the same config moved by up to 1.3x between runs, so only same-run comparisons count):
 # - bf16/fp16: the phase-split GEMM, BM=64, 16 channels per K chunk, 4 warps, 32 output channels per program,
-#   weight K-major: 108.6 us against 152.7 us for the packed GEMM in the same run (2026-11-29 evening; the packed
-#   GEMM measured 95.6-115 us in other runs).
-# - TF32: the packed GEMM with the weight stored K-major, BM=64/BK=32/4 warps/3 stages: 141.2 us, against 185.0 us
-#   for the phase-split GEMM in the same run. TF32 tensor-core instructions read B K-major only; with the [K, N]
+#   weight K-major: 108.6 / 109.1 us against 152.7 / 118.0 us for the packed GEMM in the same runs (2026-11-29
+#   evening; the packed GEMM measured 95.6-115 us in other runs). Batch 1: 39.6 us against 101.8-163.7 us.
+# - TF32: the packed GEMM with the weight stored K-major, BM=64/BK=32/4 warps/3 stages: 141.2 / 145.4 us, against
+#   185.0 / 180.0 us for the phase-split GEMM in the same runs. TF32 tensor-core instructions read B K-major only; with the [K, N]
 #   weight the same GEMM took 323-583 us.
-# - strict float32: the phase-split GEMM with float32 from three TF32 products ("3xtf32"): Triton's "tf32x3" form
-#   of it measured 234.0 us and 2.26e-7 relative L2 error against float64 (the phase-exact kernel in plain fp32:
-#   637 us, 1.48e-7; cuDNN fp32: 7.95e-8; the bound: 1e-5). Our own split keeps infinities exact.
+# - strict float32: the phase-split GEMM with float32 from three TF32 products ("3xtf32", our own split, which
+#   keeps infinities exact): 302.8 us and 2.28e-7 relative L2 error against float64; Triton's tf32x3 dot plus a
+#   TF32 dot for non-finite inputs: 301.5 us, 2.26e-7 (same run). The phase-exact kernel in plain fp32: 637 us,
+#   1.48e-7; cuDNN fp32: 7.95e-8; the bound: 1e-5. Batch 1: 42.8 us against 100.8 us for the packed GEMM.
+_SMALL_POSITIONS = 65536
 _CONFIGS = {
+    # TF32 with few positions (batch 1 of the KernelBench size: 16384 pooled positions, 256 tiles on 132
+    # multiprocessors): the phase-split GEMM, 67.8 us against 95.3 us for the packed GEMM (same run). Chosen when
+    # the position count is a static int below _SMALL_POSITIONS; the threshold lies between the two measured sizes
+    # (16384: phase-split faster, 262144: packed faster), not at a measured crossover.
+    "tf32_small": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32),
     "half": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32),
     "tf32": dict(kernel="packed", bm=64, bk=32, num_warps=4, num_stages=3, kmajor=True, bnc=32),
     "fp32": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, precision="3xtf32"),
@@ -65,17 +72,22 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
         return out
     # int(): channel counts size the tiles (specialised under dynamic-shape tracing, as the weight fixes them).
     cin_p = max(16, triton.next_power_of_2(int(Cin)))
-    cfg = dict(_CONFIGS["tf32" if tf32 else "half" if x.dtype != torch.float32 else "fp32"])
+    precision = "tf32" if tf32 else "half" if x.dtype != torch.float32 else "fp32"
+    n_pos = N * Dp * Hp * Wp
+    if tf32 and isinstance(n_pos, int) and n_pos < _SMALL_POSITIONS:
+        # A symbolic size (dynamic-shape graphs) keeps the large-size choice rather than guarding on the batch.
+        precision = "tf32_small"
+    cfg = dict(_CONFIGS[precision])
     kernel = cfg.pop("kernel")
     # Output channels per program: the config's block width, or fewer when Cout is small.
     bnc = min(max(4 if kernel == "packed" else 16, triton.next_power_of_2(int(Cout))), cfg.pop("bnc"))
     if gemm._INTERPRET:
         cfg.update(bm=16 if kernel == "phase" else 32, num_warps=4, num_stages=1)
     if kernel == "phase":
-        precision = cfg.pop("precision", None)
-        w_packed = phase.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"], split3=precision == "3xtf32")
+        dot = cfg.pop("precision", None)
+        w_packed = phase.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"], split3=dot == "3xtf32")
         phase.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, cin_p=cin_p, bnc=bnc,
-                     precision=precision, kernel_wrapper=wrap, **cfg)
+                     precision=dot, kernel_wrapper=wrap, **cfg)
     else:
         w_packed = gemm.pack_weight(weight, cin_p, bnc, x.dtype, tf32, cfg["kmajor"])
         gemm.launch(x, w_packed, bias, mult, s1, s2, out, output_padding, tf32=tf32, kernel_wrapper=wrap, **cfg)
