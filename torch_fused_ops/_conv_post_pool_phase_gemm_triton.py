@@ -96,12 +96,6 @@ def _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd
             acc = _dot(small, b, acc, IS_FP32, "tf32", SOFT_BF16)
             acc = _dot(tl.where(fin, big, 0.0), tl.load(wp + W_SMALL + w_at), acc, IS_FP32, "tf32", SOFT_BF16)
             acc = _dot(big, b, acc, IS_FP32, "tf32", SOFT_BF16)
-        elif PRECISION == "tf32x3":
-            # Triton's three-TF32 dot on the finite inputs (its split turns inf into NaN), plus one TF32 dot that
-            # carries the non-finite inputs: inf * w and NaN as the convolution has them.
-            fin = tl.abs(a) < float("inf")
-            acc = _dot(tl.where(fin, a, 0.0), b, acc, IS_FP32, "tf32x3", SOFT_BF16)
-            acc = _dot(tl.where(fin, 0.0, a), b, acc, IS_FP32, "tf32", SOFT_BF16)
         else:
             acc = _dot(a, b, acc, IS_FP32, PRECISION, SOFT_BF16)
     return acc

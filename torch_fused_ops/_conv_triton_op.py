@@ -41,7 +41,7 @@ _OP = "fused::conv_transpose3d_post_pool_infer"
 #   weight the same GEMM took 323-583 us.
 # - strict float32: the phase-split GEMM with float32 from three TF32 products ("3xtf32", our own split, which
 #   keeps infinities exact): 302.8 us and 2.28e-7 relative L2 error against float64; Triton's tf32x3 dot plus a
-#   TF32 dot for non-finite inputs: 301.5 us, 2.26e-7 (same run). The phase-exact kernel in plain fp32: 637 us,
+#   TF32 dot for non-finite inputs: 301.5 us, 2.26e-7 (same run; removed as redundant). The phase-exact kernel in plain fp32: 637 us,
 #   1.48e-7; cuDNN fp32: 7.95e-8; the bound: 1e-5. Batch 1: 42.8 us against 100.8 us for the packed GEMM.
 _SMALL_POSITIONS = 65536
 _CONFIGS = {
