@@ -1,4 +1,4 @@
-"""Triton kernel, phase-split GEMM form: ConvTranspose3d(k=3, s=2, p=1) -> LeakyReLU -> x m -> LeakyReLU -> MaxPool3d(2).
+"""Triton kernel, phase-split GEMM: ConvTranspose3d(k=3, s=2, p=1) -> LeakyReLU -> x m -> LeakyReLU -> MaxPool3d(2).
 
 Same computation as ``_conv_post_pool_triton`` (its docstring has the phase argument). Each of the 8 conv-output
 phases p = pd*4 + ph*2 + pw of a pool window is one GEMM whose K holds only the neighbours that phase really

@@ -37,12 +37,13 @@ _OP = "fused::conv_transpose3d_post_pool_infer"
 #   weight K-major: 108.6 / 109.1 us against 152.7 / 118.0 us for the packed GEMM in the same runs (2026-11-29
 #   evening; the packed GEMM measured 95.6-115 us in other runs). Batch 1: 39.6 us against 101.8-163.7 us.
 # - TF32: the packed GEMM with the weight stored K-major, BM=64/BK=32/4 warps/3 stages: 141.2 / 145.4 us, against
-#   185.0 / 180.0 us for the phase-split GEMM in the same runs. TF32 tensor-core instructions read B K-major only; with the [K, N]
-#   weight the same GEMM took 323-583 us.
+#   185.0 / 180.0 us for the phase-split GEMM in the same runs. TF32 tensor-core instructions read B K-major
+#   only; with the [K, N] weight the same GEMM took 323-583 us.
 # - strict float32: the phase-split GEMM with float32 from three TF32 products ("3xtf32", our own split, which
-#   keeps infinities exact): 302.8 us and 2.28e-7 relative L2 error against float64; Triton's tf32x3 dot plus a
-#   TF32 dot for non-finite inputs: 301.5 us, 2.26e-7 (same run; removed as redundant). The phase-exact kernel in plain fp32: 637 us,
-#   1.48e-7; cuDNN fp32: 7.95e-8; the bound: 1e-5. Batch 1: 42.8 us against 100.8 us for the packed GEMM.
+#   keeps infinities exact): 302.8 us and 2.28e-7 relative L2 error against float64. Triton's tf32x3 dot plus a
+#   TF32 dot for non-finite inputs: 301.5 us, 2.26e-7 (same run; removed as redundant). The phase-exact kernel
+#   in plain fp32: 637 us, 1.48e-7; cuDNN fp32: 7.95e-8; the bound: 1e-5. Batch 1: 42.8 us against
+#   100.8 us for the packed GEMM.
 _SMALL_POSITIONS = 65536
 _CONFIGS = {
     # TF32 with few positions (batch 1 of the KernelBench size: 16384 pooled positions, 256 tiles on 132
