@@ -81,6 +81,18 @@ def main():
         rows.append((name, dtype, us, err, note))
         print(f"{name:58s} {dtype:6s} {us:9.1f} us  err {err:.2e} {note}", flush=True)
 
+    def timed(name, tag, fn, out):
+        # One row: poison the output, run once for the error, then time; a failed compile or launch is a row too.
+        try:
+            out.fill_(float("nan"))
+            o = fn()
+            add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
+        except Exception as e:  # noqa: BLE001
+            msg = str(e).strip().splitlines()
+            add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
+            if "--verbose" in sys.argv:
+                traceback.print_exc()
+
     # cuDNN and eager, same run.
     for dt, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)) if "ref" in kernels else ():
         torch.backends.cudnn.allow_tf32 = tf32
@@ -166,20 +178,9 @@ def main():
             name = (f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
                     f"{f' cout/program {bnc}' if bnc != 32 else ''}{f' {precision}' if precision else ''}"
                     f"{' persistent' if persistent else ''}")
-            try:
-                def fn():
-                    return gemm.conv_transpose3d_post_pool_gemm(xs, ws, bs, ms, S1, S1, op, tf32, out=out,
-                                                                w_packed=wp, bm=bm, bk=bk, num_warps=nw,
-                                                                num_stages=ns, round_a=round_a, w_kmajor=kmajor,
-                                                                precision=precision, persistent_ctas=persistent)
-                out.fill_(float("nan"))
-                o = fn()
-                add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
-            except Exception as e:  # noqa: BLE001
-                msg = str(e).strip().splitlines()
-                add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
-                if "--verbose" in sys.argv:
-                    traceback.print_exc()
+            timed(name, tag, lambda: gemm.conv_transpose3d_post_pool_gemm(
+                xs, ws, bs, ms, S1, S1, op, tf32, out=out, w_packed=wp, bm=bm, bk=bk, num_warps=nw, num_stages=ns,
+                round_a=round_a, w_kmajor=kmajor, precision=precision, persistent_ctas=persistent), out)
         # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
         # precision override, with the training forward's selected/offsets outputs).
         for bm, ck, nw, ns, bnc, kmajor, precision, offs, *pers in phase_configs[tag] if "phase" in kernels else ():
@@ -190,19 +191,10 @@ def main():
                     f"{f' persistent x{pers}' if pers else ''}")
             sel = torch.empty_like(out) if offs else None
             offsets = torch.empty(out.shape, device=dev, dtype=torch.uint8) if offs else None
-            try:
-                def fn():
-                    return phase.launch(xs, wp, bs, ms, S1, S1, out, op, tf32=tf32, kmajor=kmajor, cin_p=16, bnc=bnc,
-                                        bm=bm, ck=ck, num_warps=nw, num_stages=ns, selected=sel, offsets=offsets,
-                                        precision=precision, persistent_ctas=pers)
-                out.fill_(float("nan"))
-                o = fn()
-                add(name, tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
-            except Exception as e:  # noqa: BLE001
-                msg = str(e).strip().splitlines()
-                add(name, tag, float("nan"), float("nan"), "FAIL " + (msg[-1] if msg else "")[:100])
-                if "--verbose" in sys.argv:
-                    traceback.print_exc()
+            timed(name, tag, lambda: phase.launch(
+                xs, wp, bs, ms, S1, S1, out, op, tf32=tf32, kmajor=kmajor, cin_p=16, bnc=bnc, bm=bm, ck=ck,
+                num_warps=nw, num_stages=ns, selected=sel, offsets=offsets, precision=precision,
+                persistent_ctas=pers), out)
         if "shipped" not in kernels:
             continue
         # What ships: the inference launcher (packing and kernel choice included), eager.

@@ -102,6 +102,48 @@ def _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd
 
 
 @triton.jit
+def _select_phase(acc, p: tl.constexpr, best, sel, off, bias, mult, s1, s2, HAS_BIAS: tl.constexpr,
+                  IS_HALF: tl.constexpr, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # Phase p's epilogue, folded into max_pool3d's running selection over the window. Phase p = pd*4 + ph*2 + pw
+    # is also max_pool3d's scan order within the window (d-major), which the tie and NaN rules rely on. Shared by
+    # this kernel and the phase-exact one.
+    y = acc
+    if HAS_BIAS:
+        y = y + bias[None, :]
+    if IS_HALF:
+        # A half-precision conv would have stored y in the I/O dtype; the epilogue sees that value.
+        y = _round_to_io(y, IO_DTYPE, SOFT_BF16)
+    v = tl.where(y > 0, y, y * s1) * mult[None, :]
+    e = tl.where(v > 0, v, v * s2)
+    if p == 0:
+        # max_pool3d starts from -inf with the index at the window's first element, so phase 0 is the selection
+        # whatever its value (it would only be "not taken" when equal to -inf: the same state).
+        best = e
+        sel = y
+    else:
+        # max_pool3d: strictly greater replaces (ties keep the first), any NaN replaces (the last NaN wins).
+        take = (e > best) | (e != e)
+        best = tl.where(take, e, best)
+        sel = tl.where(take, y, sel)
+        off = tl.where(take, p, off)
+    return best, sel, off
+
+
+@triton.jit
+def _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
+                     sow, WITH_OFFSETS: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # The pooled outputs of a [BM, BN] tile and, for the training forward, the selected conv output and offset.
+    io_dtype = out_ptr.dtype.element_ty
+    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
+    o_ptrs = o_row[:, None] + cn.to(tl.int64)[None, :] * soc
+    o_mask = row_ok[:, None] & cn_ok[None, :]
+    tl.store(out_ptr + o_ptrs, _to_io(best, io_dtype, SOFT_BF16), mask=o_mask)
+    if WITH_OFFSETS:
+        tl.store(sel_ptr + o_ptrs, _to_io(sel, io_dtype, SOFT_BF16), mask=o_mask)
+        tl.store(off_ptr + o_ptrs, off.to(tl.uint8), mask=o_mask)
+
+
+@triton.jit
 def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
                 n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow,
                 CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -117,6 +159,8 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
+    else:
+        bias = mult  # unused
     wn = tl.arange(0, BNC)
     # Per block of output channels: the packed weight, then (SPLIT3) its TF32 remainder.
     W_SMALL: tl.constexpr = 27 * CIN_P * BNC
@@ -125,37 +169,14 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     best = tl.full([BM, BNC], float("-inf"), tl.float32)
     sel = tl.zeros([BM, BNC], dtype=tl.float32)
     off = tl.zeros([BM, BNC], dtype=tl.int32)
-    # Phase p is also max_pool3d's scan order within the window (d-major): the selection relies on it.
     for p in tl.static_range(8):
         acc = _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, p, CIN_P,
                              CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, SPLIT3, W_SMALL)
         wp += (CIN_P << ((p & 1) + ((p >> 1) & 1) + ((p >> 2) & 1))) * BNC
-        y = acc
-        if HAS_BIAS:
-            y = y + bias[None, :]
-        if IS_HALF:
-            # A half-precision conv would have stored y in the I/O dtype; the epilogue sees that value.
-            y = _round_to_io(y, io_dtype, SOFT_BF16)
-        v = tl.where(y > 0, y, y * s1) * mult[None, :]
-        e = tl.where(v > 0, v, v * s2)
-        if p == 0:
-            best = e
-            sel = y
-        else:
-            # max_pool3d: strictly greater replaces (ties keep the first), any NaN replaces (the last NaN wins).
-            take = (e > best) | (e != e)
-            best = tl.where(take, e, best)
-            sel = tl.where(take, y, sel)
-            off = tl.where(take, p, off)
-
-    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
-    o_ptrs = o_row[:, None] + cn.to(tl.int64)[None, :] * soc
-    o_mask = row_ok[:, None] & cn_ok[None, :]
-    tl.store(out_ptr + o_ptrs, _to_io(best, io_dtype, SOFT_BF16), mask=o_mask)
-    if WITH_OFFSETS:
-        tl.store(sel_ptr + o_ptrs, _to_io(sel, io_dtype, SOFT_BF16), mask=o_mask)
-        tl.store(off_ptr + o_ptrs, off.to(tl.uint8), mask=o_mask)
-
+        best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
+                                       SOFT_BF16)
+    _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
+                     sow, WITH_OFFSETS, SOFT_BF16)
 
 
 @triton.jit

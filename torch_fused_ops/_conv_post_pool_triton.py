@@ -26,7 +26,9 @@ import triton.language as tl
 
 from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
-from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, _round_to_io, _to_io, round_tf32
+from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, round_tf32
+# The per-phase epilogue with max_pool3d's running selection, and its stores, shared with the phase-split GEMM.
+from ._conv_post_pool_phase_gemm_triton import _select_phase, _store_selection
 
 __all__ = ["check_kernel_args", "conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -147,6 +149,8 @@ def _conv_t3d_post_pool_kernel(
     mult = tl.load(m_ptr + cn * sm, mask=cn_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cn * sb, mask=cn_ok, other=0.0).to(tl.float32)
+    else:
+        bias = mult  # unused
 
     SINGLE_K: tl.constexpr = BK == CIN_P
     if SINGLE_K:
@@ -185,34 +189,10 @@ def _conv_t3d_post_pool_kernel(
             acc = _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
                                      p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION,
                                      SOFT_BF16, ROUND_TF32, USE_ASM)
-        y = acc
-        if HAS_BIAS:
-            y = y + bias[None, :]
-        if IS_HALF:
-            # A real half-precision conv would have stored y in the I/O dtype; the epilogue sees that value.
-            y = _round_to_io(y, io_dtype, SOFT_BF16)
-        v = tl.where(y > 0, y, y * s1)
-        v = v * mult[None, :]
-        e = tl.where(v > 0, v, v * s2)
-        if p == 0:
-            # max_pool3d starts from -inf with the index at the window's first element, so phase 0 is the
-            # selection whatever its value (it would only be "not taken" when equal to -inf, same state).
-            best = e
-            sel = y
-        else:
-            # max_pool3d's rule: strictly greater replaces (ties keep the first), any NaN replaces (last NaN wins).
-            take = (e > best) | (e != e)
-            best = tl.where(take, e, best)
-            sel = tl.where(take, y, sel)
-            off = tl.where(take, p, off)
-
-    o_row = n.to(tl.int64) * son + qd.to(tl.int64) * sod + qh.to(tl.int64) * soh + qw.to(tl.int64) * sow
-    o_ptrs = o_row[:, None] + cn.to(tl.int64)[None, :] * soc
-    o_mask = row_ok[:, None] & cn_ok[None, :]
-    tl.store(out_ptr + o_ptrs, _to_io(best, io_dtype, SOFT_BF16), mask=o_mask)
-    if WITH_OFFSETS:
-        tl.store(sel_ptr + o_ptrs, _to_io(sel, io_dtype, SOFT_BF16), mask=o_mask)
-        tl.store(off_ptr + o_ptrs, off.to(tl.uint8), mask=o_mask)
+        best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
+                                       SOFT_BF16)
+    _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
+                     sow, WITH_OFFSETS, SOFT_BF16)
 
 
 def _interpreting() -> bool:
