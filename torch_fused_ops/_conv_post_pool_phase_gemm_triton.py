@@ -271,6 +271,8 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     n_pos = N * Dp * Hp * Wp
     with_offsets = selected is not None
     split3 = precision == "3xtf32"
+    if w_packed.numel() >= 2**31:  # weight offsets are int32 in the kernel
+        raise ValueError(f"packed weight too large for int32 indexing: {w_packed.numel()} elements")
     wrap = kernel_wrapper or (lambda k: k)
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
     if persistent_ctas:
