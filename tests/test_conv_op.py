@@ -196,6 +196,27 @@ def test_uuid_depends_on_setting(monkeypatch):
     assert fusion_pass.PostPoolFusionPass().uuid() != off
 
 
+def test_uuid_covers_every_kernel_module(monkeypatch):
+    # Compiled graphs bake in the kernels' code and the launchers' choices, so the pass's cache key must hash the
+    # source of every Triton kernel module of the package (a new kernel file must be added to _source_digest).
+    import glob
+    import inspect
+    import os
+
+    pytest.importorskip("triton")
+    hashed = []
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: (hashed.append(getattr(obj, "__name__", "")), real(obj))[1])
+    fusion_pass._source_digest.cache_clear()
+    try:
+        fusion_pass._source_digest()
+    finally:
+        fusion_pass._source_digest.cache_clear()
+    pkg = os.path.dirname(torch_fused_ops.__file__)
+    kernels = {f"torch_fused_ops.{os.path.basename(f)[:-3]}" for f in glob.glob(os.path.join(pkg, "_conv_*triton*.py"))}
+    assert kernels and kernels <= set(hashed)
+
+
 def _inference_kernel(precision):
     # The kernel _conv_triton_op._CONFIGS picks for a precision ("half", "tf32" or "fp32"), by its name in
     # Inductor's generated code.

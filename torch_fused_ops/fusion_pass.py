@@ -391,10 +391,12 @@ def _source_digest() -> str:
     for mod in (sys.modules[__name__], ops, _geometry, conv_ops):
         h.update(inspect.getsource(mod).encode())
     try:  # the Triton kernels and their launchers (the conv route's fake strides and code come from them)
-        from . import _conv_post_pool_gemm_triton, _conv_post_pool_triton, _conv_triton_op
+        from . import (_conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton, _conv_post_pool_triton,
+                       _conv_triton_op)
     except ImportError:  # no Triton: the conv route cannot take the fused path
         return h.hexdigest()
-    for mod in (_conv_post_pool_triton, _conv_post_pool_gemm_triton, _conv_triton_op):
+    for mod in (_conv_post_pool_triton, _conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton,
+                _conv_triton_op):
         h.update(inspect.getsource(mod).encode())
     return h.hexdigest()
 
