@@ -1,15 +1,18 @@
 """Where the time of a whole call goes, on CUDA: torch.profiler over a few back-to-back calls of
 
 1. fused.post_pool_backward alone (float32, default size, contiguous and channels_last_3d);
-2. the compiled KernelBench Model's forward with the pass (float32 TF32, no_grad);
-3. the compiled Model's training step with the pass.
+2. the compiled KernelBench Model's forward with the pass (no_grad): float32 with TF32, bfloat16, batch 1 (TF32),
+   strict float32 (``--forwards`` picks among them);
+3. the compiled Model's training step with the pass (float32, TF32).
 
 For each: the per-call wall time (block timer), then the device kernels with their time per call, and the
 host-side ops with the most self CPU time. It answers "the kernel takes X in ncu but the call takes Y".
 
-    python benchmarks/profile_calls.py
+    python benchmarks/profile_calls.py [--forwards tf32,bf16,tf32-b1,strict]
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -47,7 +50,15 @@ def report(title, fn):
         print(f"  {e.self_cpu_time_total / CALLS:8.1f} us/call  x{e.count / CALLS:4.1f}  {e.key[:110]}")
 
 
+# Forward configurations: (dtype, batch, TF32 allowed).
+FORWARDS = {"tf32": (torch.float32, DEFAULT_BATCH, True), "bf16": (torch.bfloat16, DEFAULT_BATCH, False),
+            "tf32-b1": (torch.float32, 1, True), "strict": (torch.float32, DEFAULT_BATCH, False)}
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--forwards", default=",".join(FORWARDS), help="comma list of " + ", ".join(FORWARDS))
+    args = ap.parse_args()
     torch.manual_seed(0)
     ops = torch.ops.fused
     shape = (16, 32, 32, 64, 64)
@@ -61,14 +72,25 @@ def main():
                                               [1, 1, 1], cl))
         del x, out, sel, off, g
 
+    tf32_before = torch.backends.cudnn.allow_tf32
+    for name in args.forwards.split(","):
+        dtype, batch, tf32 = FORWARDS[name]
+        # The pass reads the TF32 switch when the graph is compiled.
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch._dynamo.reset()
+        model = ConvTransposeLeakyMulLeakyPool().cuda().to(dtype)
+        xin = torch.randn(batch, 16, *DEFAULT_INPUT, device="cuda", dtype=dtype)
+        with torch_fused_ops.fusion_enabled(True), torch.no_grad():
+            cm = torch.compile(model)
+            cm(xin)
+            report(f"compiled Model forward, pass on ({name}, batch {batch}, no_grad)", lambda: cm(xin))
+    torch.backends.cudnn.allow_tf32 = tf32_before
+
     model = ConvTransposeLeakyMulLeakyPool().cuda()
     xin = torch.randn(DEFAULT_BATCH, 16, *DEFAULT_INPUT, device="cuda")
     torch._dynamo.reset()
     with torch_fused_ops.fusion_enabled(True):
         cm = torch.compile(model)
-        with torch.no_grad():
-            cm(xin)
-            report("compiled Model forward, pass on (TF32, no_grad)", lambda: cm(xin))
         xg = xin.clone().requires_grad_()
 
         def step():

@@ -6,7 +6,7 @@
 #   (TEST_FILES="a.py b.py": only those test files, instead of the two test steps below)
 #   the Triton kernels' tests alone (one process, launches blocking, stop at the first failure)  [SKIP_TESTS=1]
 #   the other CUDA tests (pytest-xdist when present)                                               [SKIP_TESTS=1]
-#   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py)                         [PROFILE=1]
+#   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py, args in PROFILE_ARGS)     [PROFILE=1]
 #   Nsight Compute counters of every kernel, the convolution kernels included (profile_post_pool.py) [NCU=1]
 #   the benchmark at the default size with the whole-Model configurations                          [SKIP_BENCH=1]
 # TESTS_LAST=1 runs the tests after the benchmark, so that a call cut short still has the figures.
@@ -54,7 +54,7 @@ fi
 [ -n "${TESTS_LAST:-}" ] || run_tests
 if [ -n "${PROFILE:-}" ]; then
   t0=$SECONDS
-  timeout 150 python3 benchmarks/profile_calls.py > "$OUT/profile.log" 2>&1
+  timeout ${PROFILE_TIMEOUT:-240} python3 benchmarks/profile_calls.py ${PROFILE_ARGS:-} > "$OUT/profile.log" 2>&1
   note "profile_calls: rc=$? in $((SECONDS - t0)) s"
 fi
 if [ -n "${NCU:-}" ]; then
