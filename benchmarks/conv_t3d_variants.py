@@ -117,27 +117,16 @@ def main():
             add("phase-exact t1", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
 
     # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32[, output channels per
-    # program: 16 halves the accumulator, at the price of reading the input tile twice]).
+    # program]). The shipped config first (_conv_triton_op._CONFIGS), then the runners-up of the 2026-11-29
+    # sweeps. Dropped after losing there: 8 or 16 channels per program (TF32 170-256 us, bf16 112-171 us against
+    # 141 / 115-153 us), a persistent variant (bf16 225-249 us; TF32 out of shared memory) and Triton's
+    # tf32x3 for strict float32 (532-579 us; the phase-split kernel's three-TF32 split: 303 us).
     K, R = True, False
     configs = {
-        # Around the shipped configs (_conv_triton_op._CONFIGS), and the ones that were faster while the
-        # non-finite correction was still compiled into the kernel.
-        # Persistent candidates (last field 1): the weight block stays in shared memory (offline sm_90 compile:
-        # 8 warps, 255 registers without spills, 80 KB bf16 / 172 KB TF32 of shared memory; 4 warps spill).
-        "tf32": [(64, 32, 4, 3, K, True), (64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True),
-                 (64, 16, 4, 3, K, True, 16), (128, 16, 4, 3, K, True, 16), (64, 16, 4, 3, K, True, 8),
-                 (64, 32, 4, 3, K, True, 16), (128, 32, 8, 3, K, True, 16),
-                 (64, 128, 8, 2, K, True, 32, None, 1), (64, 128, 8, 3, K, True, 32, None, 1)],
+        "tf32": [(64, 32, 4, 3, K, True), (64, 16, 4, 3, K, True), (64, 16, 4, 4, K, True), (128, 16, 8, 3, K, True)],
         "bf16": [(64, 64, 4, 3, R, False), (128, 64, 8, 3, R, False), (64, 32, 4, 3, K, False),
-                 (64, 64, 4, 3, K, False), (128, 64, 8, 3, K, False), (64, 64, 4, 4, R, False),
-                 (64, 64, 4, 3, R, False, 16), (128, 64, 4, 3, R, False, 16), (64, 64, 4, 3, R, False, 8),
-                 (64, 64, 4, 3, K, False, 16), (128, 64, 8, 3, R, False, 16), (64, 128, 4, 2, R, False, 16),
-                 (64, 128, 8, 2, R, False, 32, None, 1), (64, 128, 8, 3, R, False, 32, None, 1),
-                 (64, 128, 8, 2, K, False, 32, None, 1)],
-        # Strict float32 through three TF32 products per product ("tf32x3"): fp32-level error on tensor cores.
-        # A candidate only: PyTorch's strict mode promises float32 math, so it ships only if its error is at
-        # float32's level (the row's error column) and it is much faster than the phase-exact kernel.
-        "fp32": [(64, 16, 4, 3, K, False, 32, "tf32x3"), (128, 16, 8, 3, K, False, 32, "tf32x3")],
+                 (64, 64, 4, 3, K, False)],
+        "fp32": [],
     }
     # Offline sm_90 compiles (benchmarks/triton_resources.py, Triton 3.8): TF32 BM64 4 warps 32 channels 190
     # registers, 16 channels 146; bf16 BM64 212 / 168; none spills. ck < 16 failed to compile on Triton 3.6 (K >= 16
@@ -170,17 +159,12 @@ def main():
         out = torch.empty(n, 32, 16, 32, 32, device=dev, dtype=dt)
         # "gemm1": only the first config of each dtype (the shipped one), for a same-run comparison.
         gemm_rows = configs[tag] if "gemm" in kernels else configs[tag][:1] if "gemm1" in kernels else ()
-        for bm, bk, nw, ns, kmajor, round_a, *rest in gemm_rows:
-            bnc = rest[0] if rest else 32
-            precision = rest[1] if len(rest) > 1 else None
-            persistent = rest[2] if len(rest) > 2 else 0
-            wp = gemm.pack_weight(ws, 16, bnc, dt, tf32 and round_a, kmajor)
-            name = (f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
-                    f"{f' cout/program {bnc}' if bnc != 32 else ''}{f' {precision}' if precision else ''}"
-                    f"{' persistent' if persistent else ''}")
+        for bm, bk, nw, ns, kmajor, round_a in gemm_rows:
+            wp = gemm.pack_weight(ws, 16, 32, dt, tf32 and round_a, kmajor)
+            name = f"gemm bm{bm} bk{bk} w{nw} s{ns}{' kmajor' if kmajor else ''}{' rna' if round_a else ''}"
             timed(name, tag, lambda: gemm.conv_transpose3d_post_pool_gemm(
                 xs, ws, bs, ms, S1, S1, op, tf32, out=out, w_packed=wp, bm=bm, bk=bk, num_warps=nw, num_stages=ns,
-                round_a=round_a, w_kmajor=kmajor, precision=precision, persistent_ctas=persistent), out)
+                round_a=round_a, w_kmajor=kmajor), out)
         # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
         # precision override, with the training forward's selected/offsets outputs).
         for bm, ck, nw, ns, bnc, kmajor, precision, offs, *pers in phase_configs[tag] if "phase" in kernels else ():

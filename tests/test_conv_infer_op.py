@@ -224,21 +224,6 @@ def test_fake_impl_traces_with_symbolic_shapes(dtype, tf32):
     assert [int(s) for s in val.stride()] == list(real.stride())
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gemm_kernel_persistent_variant(dtype):
-    # The persistent main launch (a config-sweep candidate) with the tiled fix-up launch after it.
-    x, w, b, m = make(2, 16, 32, (3, 4, 5), dtype, "mixed", seed=11)
-    out = gemm.conv_transpose3d_post_pool_gemm(x, w, b, m, 0.2, 0.2, (1, 1, 1), False, persistent_ctas=1)
-    check(out, reference(x, w, b, m, 0.2, 0.2, (1, 1, 1)), dtype)
-    x = x.clone()
-    x[1, 3, 2, 1, 0] = float("inf")
-    out = gemm.conv_transpose3d_post_pool_gemm(x, w, b, m, 0.2, 0.2, (1, 1, 1), False, persistent_ctas=1)
-    ref = reference(x, w, b, m, 0.2, 0.2, (1, 1, 1))
-    assert ref.isinf().any()
-    check(out, ref, dtype)
-
-
 @pytest.mark.parametrize("dtype,tf32", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
                          ids=["tf32", "fp32", "bf16"])
 def test_empty_batch(dtype, tf32):

@@ -333,44 +333,6 @@ def _conv_t3d_pool_gemm_kernel(
                              soh, sow, BM, BNC, HAS_BIAS, MONO, IS_HALF, SOFT_BF16)
 
 
-@triton.jit
-def _conv_t3d_pool_gemm_persistent_kernel(
-    x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr,
-    s1, s2,
-    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
-    sxn, sxc, sxd, sxh, sxw,
-    son, soc, sod, soh, sow,
-    CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
-    IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
-    USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
-):
-    # A candidate (config sweep): the main launch as a persistent kernel. Each program loads its weight block
-    # once (64 KB in bf16) and loops over position tiles with the whole K in one dot, where the tiled kernel
-    # reloads the block from L2 for every tile. Flags and the fix-up launch are the tiled kernel's.
-    pid = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    KP: tl.constexpr = 8 * CIN_P
-    NP: tl.constexpr = 8 * BNC
-    kk = tl.arange(0, KP)
-    wn = tl.arange(0, NP)
-    w_base = w_ptr + pid_n * (KP * NP)
-    if W_KMAJOR:
-        w = tl.load(w_base + wn[None, :] * KP + kk[:, None])
-    else:
-        w = tl.load(w_base + kk[:, None] * NP + wn[None, :])
-    n_tiles = tl.cdiv(n_pos, BM)
-    for tile in range(pid, n_tiles, tl.num_programs(0)):
-        row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
-        a = _a_chunk(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, 0, CIN_P, KP)
-        if ROUND_A:
-            a = _round_tf32(a, USE_ASM)
-        acc = _dot(a, w, tl.zeros([BM, NP], dtype=tl.float32), IS_FP32, PRECISION, SOFT_BF16)
-        nonfinite = tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32))
-        tl.store(flag_ptr + pid_n * n_tiles + tile, (nonfinite > 0).to(tl.int32))
-        _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod,
-                             soh, sow, BM, BNC, HAS_BIAS, MONO, IS_HALF, SOFT_BF16)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------------------
@@ -433,15 +395,12 @@ def _pow2_at_least(n: int, floor: int) -> int:
 
 
 def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor, bm, bk, num_warps, num_stages,
-           round_a=None, use_asm=None, kernel_wrapper=None, precision=None, persistent_ctas=0):
+           round_a=None, use_asm=None, kernel_wrapper=None):
     """The one place that launches the kernel: the main launch, then the fix-up launch for flagged tiles.
 
     ``out`` is the preallocated pooled output (any strides), ``w_packed`` from ``pack_weight`` with the same
-    ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout]
-    tensor. ``kernel_wrapper`` (``torch.library.wrap_triton`` under tracing) wraps the kernel before launch.
-    ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else "ieee"), e.g. "tf32x3".
-    ``persistent_ctas`` > 0: the main launch is the persistent kernel with that many programs per multiprocessor
-    (a sweep candidate).
+    ``kmajor`` and TF32 rounding, ``mult`` a contiguous [Cout] tensor. ``kernel_wrapper``
+    (``torch.library.wrap_triton`` under tracing) wraps the kernel before launch.
     """
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
@@ -456,18 +415,12 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
     args = dict(CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
                 IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
-                PRECISION=precision or ("tf32" if tf32 else "ieee"), ROUND_A=bool(tf32 if round_a is None else round_a),
+                PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(tf32 if round_a is None else round_a),
                 USE_ASM=bool(not _INTERPRET if use_asm is None else use_asm),
                 SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor), BM=bm,
                 num_warps=num_warps, num_stages=num_stages)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         for fixup in (False, True):
-            if persistent_ctas and not fixup:
-                sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
-                wrap(_conv_t3d_pool_gemm_persistent_kernel)[(min(grid[0], sms * persistent_ctas), grid[1])](
-                    x, w_packed, bias if bias is not None else mult, mult, out, flags, float(s1), float(s2),
-                    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, *x.stride(), *out.stride(), **args)
-                continue
             wrap(_conv_t3d_pool_gemm_kernel)[grid](
                 x, w_packed, bias if bias is not None else mult, mult, out, flags,
                 float(s1), float(s2),
@@ -480,8 +433,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
 
 def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_padding, allow_tf32, *, out=None,
                                     w_packed=None, bm=None, bk=None, num_warps=None, num_stages=None,
-                                    round_a=None, use_asm=None, w_kmajor=False, bnc=None, precision=None,
-                                    persistent_ctas=0):
+                                    round_a=None, use_asm=None, w_kmajor=False, bnc=None):
     """Inference forward with an explicit launch config (the config sweep and the kernel's tests). x [N, Cin, D,
     H, W] (any strides), weight [Cin, Cout, 3, 3, 3], mult a contiguous [Cout] tensor. Returns the pooled output
     in x's memory format (or ``out``). ``bnc``: output channels per program (default min(Cout, 32)); ignored
@@ -504,4 +456,4 @@ def conv_transpose3d_post_pool_gemm(x, weight, bias, mult, s1, s2, output_paddin
     return launch(x, w_packed, bias, mult, s1, s2, out, op, tf32=tf32, kmajor=w_kmajor,
                   bm=bm or (32 if _INTERPRET else 128), bk=bk or (32 if x.dtype == torch.float32 else 64),
                   num_warps=num_warps or (4 if _INTERPRET else 8), num_stages=num_stages or (1 if _INTERPRET else 3),
-                  round_a=round_a, use_asm=use_asm, precision=precision, persistent_ctas=persistent_ctas)
+                  round_a=round_a, use_asm=use_asm)
