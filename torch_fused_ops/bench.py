@@ -170,17 +170,11 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
         variants += [("torch.compile, pass off", False, None), ("torch.compile, pass on", True, None)]
         if extra_variant:
             variants.append(("torch.compile, pass on, conv not fused", True, "off"))
-            # The experiment behind fusion_pass.CHANNELS_LAST_CONV (off by default until this row shows a gain).
-            variants.append(("torch.compile, pass on, channels_last conv", True, "channels_last"))
     default_fold, default_conv = fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE
-    default_cl = fusion_pass.CHANNELS_LAST_CONV
     for name, use_pass, conv_setting in variants:
         torch._dynamo.reset()
         before = torch_fused_ops.matched_count()
         fusion_pass.FUSE_CONV_TRANSPOSE = default_conv if conv_setting is None else conv_setting
-        if conv_setting == "channels_last":
-            fusion_pass.FUSE_CONV_TRANSPOSE = default_conv
-            fusion_pass.CHANNELS_LAST_CONV = "always"
         # Caches off so every compiled variant runs the pass (a cache hit would skip it and count no match).
         fresh = [torch._inductor.config.patch(fx_graph_cache=False)]
         if hasattr(torch._functorch.config, "enable_autograd_cache"):
@@ -207,7 +201,6 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
                 peak = float("nan")
             train = median_us(step, device, reps=max(3, reps // 3))
         fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE = default_fold, default_conv
-        fusion_pass.CHANNELS_LAST_CONV = default_cl
         matched = torch_fused_ops.matched_count() - before
         rows.append(dict(what="Model", config=config, impl=name, shape=list(x.shape), forward_us=fwd,
                          train_step_us=train, train_peak_MiB=peak, matched=matched))

@@ -49,14 +49,6 @@ FOLD_CONV_BIAS = "cuda"
 # (tests: the op's composite path on CPU).
 FUSE_CONV_TRANSPOSE = "cuda"
 
-# Run a convolution that feeds a fused chain (and is not itself fused) in channels_last_3d: "off" (default),
-# "cuda", "always". cuDNN's 3-D (transposed) convolution kernels on the H200 work in NDHWC, and with NCDHW
-# tensors it converts around every call: in the compiled Model's training step the profile showed 527 us of such
-# conversions (nchwToNhwc / nhwcToNchw) out of 1735 us of kernels (docs/performance.md). With the input in
-# channels_last_3d the convolution's output, the fused op and the gradients all stay channels_last; the chain's
-# output is made contiguous again where it was. Off until measured: this is the experiment for the next GPU run.
-CHANNELS_LAST_CONV = "off"
-
 # Convolutions whose bias can be folded: (bias position, parameter names).
 _CONV_SIGS = {
     torch.conv_transpose3d: ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
@@ -335,38 +327,6 @@ def _foldable_conv_bias(x: Node) -> Node | None:
     return b["bias"]
 
 
-def _channels_last_conv(chain_input: Any, chain_out: Any) -> bool:
-    """Whether the convolution producing the chain's input should run in channels_last_3d (CHANNELS_LAST_CONV)."""
-    if CHANNELS_LAST_CONV not in ("cuda", "always") or not isinstance(chain_input, Node):
-        return False
-    if chain_input.op != "call_function" or chain_input.target not in _CONV_SIGS:
-        return False
-    if len(chain_input.users) != 1:
-        return False  # another user (perhaps a graph output) would see the convolution's layout change
-    names = _CONV_SIGS[chain_input.target]
-    b = _bind(chain_input, names, {n: None for n in names[2:]})
-    if b is None or not isinstance(b["input"], Node):
-        return False
-    xv, yv, ov = _val(b["input"]), _val(chain_input), chain_out
-    if not all(isinstance(t, torch.Tensor) for t in (xv, yv, ov)) or xv.dim() != 5:
-        return False
-    if CHANNELS_LAST_CONV == "cuda" and xv.device.type != "cuda":
-        return False
-    return not xv.is_contiguous(memory_format=torch.channels_last_3d)
-
-
-def _to_channels_last_input(graph: Graph, conv: Node) -> None:
-    """Feeds the convolution a channels_last_3d copy of its input, so that cuDNN writes a channels_last output."""
-    names = _CONV_SIGS[conv.target]
-    src = conv.args[0] if conv.args else conv.kwargs[names[0]]
-    with graph.inserting_before(conv):
-        cl = graph.call_method("contiguous", (src,), {"memory_format": torch.channels_last_3d})
-    if conv.args:
-        conv.args = (cl, *conv.args[1:])
-    else:
-        conv.kwargs = {**conv.kwargs, names[0]: cl}
-
-
 def _drop_conv_bias(conv: Node) -> None:
     """Rewrites the convolution producing the chain's input to run without its bias (now in the fused op)."""
     names = _CONV_SIGS[conv.target]
@@ -445,7 +405,7 @@ class PostPoolFusionPass(CustomGraphPass):
         # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
         h = hashlib.sha256(
             f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}|fuse_conv_transpose={FUSE_CONV_TRANSPOSE}"
-            f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}|channels_last_conv={CHANNELS_LAST_CONV}".encode())
+            f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None
@@ -471,22 +431,12 @@ def rewrite(graph: Graph) -> int:
         target = _FUSED_CONV if len(args) == 16 else _FUSED_BIAS if with_bias else _FUSED
         if target is _FUSED_CONV and FUSE_CONV_TRANSPOSE == "cuda":
             target, args = _inductor_visible_conv(args)
-        chain_input = args[0]
-        channels_last = target is not _FUSED_CONV and _channels_last_conv(chain_input, _val(anchor))
-        if channels_last:
-            _to_channels_last_input(graph, chain_input)
         with graph.inserting_before(anchor):
             fused = graph.call_function(target, tuple(args))
-            result = fused
-            if channels_last and _val(anchor).is_contiguous():
-                # The fused op's output follows its channels_last input; give the graph the layout it had.
-                result = graph.call_method("contiguous", (fused,))
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
-            if key in anchor.meta and (key in ("stack_trace", "nn_module_stack") or result is fused):
+            if key in anchor.meta:
                 fused.meta[key] = anchor.meta[key]
-            if key in anchor.meta and result is not fused:
-                result.meta[key] = anchor.meta[key]
-        anchor.replace_all_uses_with(result)
+        anchor.replace_all_uses_with(fused)
         for n in dead:
             graph.erase_node(n)
         count += 1
