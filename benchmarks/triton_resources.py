@@ -78,6 +78,15 @@ def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int)
 
 def main():
     rows = []
+
+    def row(name, fn, dtype, consts, nw, ns):
+        try:
+            r = resources(fn, dtype, consts, nw, ns)
+        except Exception as e:  # noqa: BLE001
+            r = {"error": str(e).strip().splitlines()[-1][:120]}
+        rows.append((name, r))
+        print(name, r, flush=True)
+
     # The packed GEMM (what ships for TF32 at larger sizes).
     for dtype, tf32, kmajor, bm, bk, nw, ns, bnc in [
         ("bfloat16", False, False, 64, 64, 4, 3, 32),
@@ -90,12 +99,7 @@ def main():
                       SOFT_BF16=False, W_KMAJOR=kmajor, BM=bm, BK=bk, FIXUP=False)
         name = (f"packed {dtype}{' tf32' if tf32 else ''}{' kmajor' if kmajor else ''} BM{bm} BK{bk} {nw}w {ns}s "
                 f"Cout/prog {bnc}")
-        try:
-            r = resources(gemm._conv_t3d_pool_gemm_kernel, dtype, consts, nw, ns)
-        except Exception as e:  # noqa: BLE001
-            r = {"error": str(e).strip().splitlines()[-1][:120]}
-        rows.append((name, r))
-        print(name, r, flush=True)
+        row(name, gemm._conv_t3d_pool_gemm_kernel, dtype, consts, nw, ns)
     # The phase-split GEMM (what ships for bf16, strict float32 and small TF32 sizes), tiled and persistent.
     for dtype, precision, bnc, nw, ns, persistent in [
         ("float32", "tf32", 32, 4, 1, False), ("float32", "tf32", 16, 4, 1, False), ("bfloat16", "ieee", 32, 4, 1, False),
@@ -108,12 +112,7 @@ def main():
                       PERSISTENT=persistent)
         name = (f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}"
                 f"{' persistent' if persistent else ''}")
-        try:
-            r = resources(phase._conv_t3d_pool_phase_gemm_kernel, dtype, consts, nw, ns)
-        except Exception as e:  # noqa: BLE001
-            r = {"error": str(e).strip().splitlines()[-1][:120]}
-        rows.append((name, r))
-        print(name, r, flush=True)
+        row(name, phase._conv_t3d_pool_phase_gemm_kernel, dtype, consts, nw, ns)
     print(f"\nTriton {triton.__version__}, target sm_90\n")
     print("| kernel / config | registers | spill stack bytes | shared KB | wgmma (HGMMA) | mma.sync (HMMA) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -237,12 +237,9 @@ def _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, s
 
 
 @triton.jit
-def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod, soh,
-                         sow, BM: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
-                         IS_HALF: tl.constexpr, SOFT_BF16: tl.constexpr):
-    # acc [BM, 8 * BNC]: the 8 conv-output phases of each pooled position (column phase * BNC + channel). Pools
-    # them, applies bias and epilogue, and stores the pooled outputs of channels pid_n * BNC + [0, BNC).
-    io_dtype = out_ptr.dtype.element_ty
+def _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Output channels of block pid_n, their mask, multipliers and biases (0 without a bias) in fp32. The
+    # multiplier and bias are contiguous [Cout] tensors here (the launchers make them so).
     cn = pid_n * BNC + tl.arange(0, BNC)
     cn_ok = cn < Cout
     mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
@@ -250,6 +247,17 @@ def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_pt
         bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BNC], dtype=tl.float32)
+    return cn, cn_ok, mult, bias
+
+
+@triton.jit
+def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod, soh,
+                         sow, BM: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
+                         IS_HALF: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # acc [BM, 8 * BNC]: the 8 conv-output phases of each pooled position (column phase * BNC + channel). Pools
+    # them, applies bias and epilogue, and stores the pooled outputs of channels pid_n * BNC + [0, BNC).
+    io_dtype = out_ptr.dtype.element_ty
+    cn, cn_ok, mult, bias = _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC, HAS_BIAS)
     # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
     bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
     ph = tl.reshape(acc, [BM, 8, BNC])

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._conv_post_pool_gemm_triton import _INTERPRET, _dot, _positions, _round_tf32, _round_to_io, _to_io, round_tf32
+from ._conv_post_pool_gemm_triton import (_INTERPRET, _channel_params, _dot, _positions, _round_tf32, _round_to_io,
+                                          _to_io, round_tf32)
 
 __all__ = ["launch", "pack_weight", "phase_taps"]
 
@@ -154,13 +155,7 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     io_dtype = out_ptr.dtype.element_ty
     row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
 
-    cn = pid_n * BNC + tl.arange(0, BNC)
-    cn_ok = cn < Cout
-    mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
-    else:
-        bias = mult  # unused
+    cn, cn_ok, mult, bias = _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC, HAS_BIAS)
     wn = tl.arange(0, BNC)
     # Per block of output channels: the packed weight, then (SPLIT3) its TF32 remainder.
     W_SMALL: tl.constexpr = 27 * CIN_P * BNC
