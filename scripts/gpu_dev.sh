@@ -8,6 +8,7 @@
 #   the other CUDA tests (pytest-xdist when present)                                               [SKIP_TESTS=1]
 #   torch.profiler breakdowns of whole calls (benchmarks/profile_calls.py, args in PROFILE_ARGS)     [PROFILE=1]
 #   Nsight Compute counters of every kernel, the convolution kernels included (profile_post_pool.py) [NCU=1]
+#   EXTRA: any command (e.g. benchmarks/compiled_kernel_check.py), output in extra.log              [EXTRA=...]
 #   the benchmark at the default size with the whole-Model configurations                          [SKIP_BENCH=1]
 # TESTS_LAST=1 runs the tests after the benchmark, so that a call cut short still has the figures.
 # At most 8 files go to $OUT (the device tool's limit); the rest stay in /tmp.
@@ -28,6 +29,12 @@ if [ -z "${SKIP_VARIANTS:-}" ]; then
   t0=$SECONDS
   timeout ${VARIANTS_TIMEOUT:-240} python3 benchmarks/conv_t3d_variants.py ${VARIANTS_ARGS:-} > "$OUT/variants.log" 2>&1
   note "variants: rc=$? in $((SECONDS - t0)) s"; sed -n '/^| kernel/,$p' "$OUT/variants.log" >> "$summary"
+fi
+# EXTRA="python3 some_script.py ...": one more command after the build, its output in $OUT/extra.log.
+if [ -n "${EXTRA:-}" ]; then
+  t0=$SECONDS
+  OUT="$OUT" timeout ${EXTRA_TIMEOUT:-200} bash -c "$EXTRA" > "$OUT/extra.log" 2>&1
+  note "extra ($EXTRA): rc=$? in $((SECONDS - t0)) s"; sed -n '/^| path/,$p' "$OUT/extra.log" >> "$summary"
 fi
 run_tests() {
 if [ -n "${TEST_FILES:-}" ]; then
