@@ -119,7 +119,8 @@ def main():
     # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32[, output channels per
     # program]). The shipped config first (_conv_triton_op._CONFIGS), then the runners-up of the 2026-11-29
     # sweeps. Dropped after losing there: 8 or 16 channels per program (TF32 170-256 us, bf16 112-171 us against
-    # 141 / 115-153 us), a persistent variant (bf16 225-249 us; TF32 out of shared memory) and Triton's
+    # 141 / 115-153 us), a persistent variant (bf16 225-249 us; TF32 out of shared memory; the phase-split
+    # GEMM's persistent variant likewise: TF32 246 against 190 us, bf16 182-298 against 108-112 us) and Triton's
     # tf32x3 for strict float32 (532-579 us; the phase-split kernel's three-TF32 split: 303 us).
     K, R = True, False
     configs = {
@@ -135,15 +136,10 @@ def main():
         "tf32": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, K, None, False),
                  (128, 16, 8, 1, 32, K, None, False),
                  (128, 16, 4, 1, 16, K, None, False), (64, 16, 4, 1, 32, K, None, True),
-                 (64, 16, 4, 1, 16, K, None, True),
-                 # Persistent (last field: programs per multiprocessor): a tile loop Triton software-pipelines.
-                 # Offline (Triton 3.8): 2 stages 255 registers, 224 KB shared, A loads as async copies.
-                 (64, 16, 4, 2, 32, K, None, False, 1)],
+                 (64, 16, 4, 1, 16, K, None, True)],
         "bf16": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 32, R, None, False),
                  (64, 16, 4, 1, 16, R, None, False), (128, 16, 8, 1, 32, R, None, False),
-                 (128, 16, 4, 1, 16, R, None, False), (64, 16, 4, 1, 16, R, None, True),
-                 # Persistent: offline 3 stages 236 registers, 151 KB shared; 2 stages 255 and a 40-byte spill.
-                 (64, 16, 4, 3, 32, K, None, False, 1), (64, 16, 4, 2, 32, K, None, False, 1)],
+                 (128, 16, 4, 1, 16, R, None, False), (64, 16, 4, 1, 16, R, None, True)],
         # "3xtf32": our own three-TF32 split, which keeps infinities exact. Triton's own "tf32x3" dot (infinite
         # inputs become NaN) on the finite inputs plus a TF32 dot for the others measured the same (301.5 against
         # 302.8 us, 2026-11-29) and was removed.
@@ -167,18 +163,15 @@ def main():
                 round_a=round_a, w_kmajor=kmajor), out)
         # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
         # precision override, with the training forward's selected/offsets outputs).
-        for bm, ck, nw, ns, bnc, kmajor, precision, offs, *pers in phase_configs[tag] if "phase" in kernels else ():
-            pers = pers[0] if pers else 0
+        for bm, ck, nw, ns, bnc, kmajor, precision, offs in phase_configs[tag] if "phase" in kernels else ():
             wp = phase.pack_weight(ws, 16, bnc, dt, tf32, kmajor, split3=precision == "3xtf32")
             name = (f"phase-split bm{bm} ck{ck} w{nw} s{ns} cout/program {bnc}{' kmajor' if kmajor else ''}"
-                    f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}"
-                    f"{f' persistent x{pers}' if pers else ''}")
+                    f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}")
             sel = torch.empty_like(out) if offs else None
             offsets = torch.empty(out.shape, device=dev, dtype=torch.uint8) if offs else None
             timed(name, tag, lambda: phase.launch(
                 xs, wp, bs, ms, S1, S1, out, op, tf32=tf32, kmajor=kmajor, cin_p=16, bnc=bnc, bm=bm, ck=ck,
-                num_warps=nw, num_stages=ns, selected=sel, offsets=offsets, precision=precision,
-                persistent_ctas=pers), out)
+                num_warps=nw, num_stages=ns, selected=sel, offsets=offsets, precision=precision), out)
         if "shipped" not in kernels:
             continue
         # What ships: the inference launcher (packing and kernel choice included), eager.

@@ -39,11 +39,12 @@ def _cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int, scalar: str = "fp32") -> dict:
     """Compiles ``fn`` as a launch on a contiguous KernelBench-size input would: Triton turns the innermost strides
     (1) into constants and marks pointers and the other ints divisible by 16. Without that, the compiler cannot
     see that neighbouring rows are neighbouring addresses, and the figures change a lot (the phase-split kernel:
-    255 registers and 2.9 KB of spills instead of 190 registers, no spills)."""
+    255 registers and 2.9 KB of spills instead of 190 registers, no spills). ``scalar``: the type of the float
+    arguments (Triton's launcher passes Python floats as fp32, Inductor's wrapper as fp64)."""
     ptr = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}[dtype]
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
     constexprs.update({k: 1 for k in ("sxw", "sow") if k in fn.arg_names})
@@ -59,7 +60,7 @@ def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int)
         elif name == "off_ptr":
             sig[name] = "*u8"
         elif name in ("s1", "s2"):
-            sig[name] = "fp32"
+            sig[name] = scalar
             continue
         else:
             sig[name] = "i32"
@@ -73,7 +74,8 @@ def resources(fn, dtype: str, constexprs: dict, num_warps: int, num_stages: int)
         sass = subprocess.run([_cuobjdump(), "--dump-sass", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return dict(registers=int(m.group(1)), spill_stack_bytes=int(m.group(2)), shared_bytes=kernel.metadata.shared,
-                wgmma=sass.count("HGMMA"), mma_sync=sass.count("HMMA"))
+                wgmma=sass.count("HGMMA"), mma_sync=sass.count("HMMA"),
+                fp64_math=len(re.findall(r"\bD(?:ADD|MUL|FMA|SETP|MNMX)\b", sass)))
 
 
 def main():
@@ -100,18 +102,16 @@ def main():
         name = (f"packed {dtype}{' tf32' if tf32 else ''}{' kmajor' if kmajor else ''} BM{bm} BK{bk} {nw}w {ns}s "
                 f"Cout/prog {bnc}")
         row(name, gemm._conv_t3d_pool_gemm_kernel, dtype, consts, nw, ns)
-    # The phase-split GEMM (what ships for bf16, strict float32 and small TF32 sizes), tiled and persistent.
-    for dtype, precision, bnc, nw, ns, persistent in [
-        ("float32", "tf32", 32, 4, 1, False), ("float32", "tf32", 16, 4, 1, False), ("bfloat16", "ieee", 32, 4, 1, False),
-        ("float32", "3xtf32", 32, 4, 1, False), ("float32", "tf32", 32, 4, 2, True), ("bfloat16", "ieee", 32, 4, 3, True),
+    # The phase-split GEMM (what ships for bf16, strict float32 and small TF32 sizes).
+    for dtype, precision, bnc, nw, ns in [
+        ("float32", "tf32", 32, 4, 1), ("float32", "tf32", 16, 4, 1), ("bfloat16", "ieee", 32, 4, 1),
+        ("float32", "3xtf32", 32, 4, 1),
     ]:
         split3 = precision == "3xtf32"
         consts = dict(CIN_P=16, CK=16, BNC=bnc, HAS_BIAS=True, WITH_OFFSETS=False, IS_FP32=dtype == "float32",
                       IS_HALF=dtype != "float32", PRECISION="tf32" if split3 else precision,
-                      ROUND_A=precision == "tf32", USE_ASM=True, SOFT_BF16=False, W_KMAJOR=True, SPLIT3=split3, BM=64,
-                      PERSISTENT=persistent)
-        name = (f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}"
-                f"{' persistent' if persistent else ''}")
+                      ROUND_A=precision == "tf32", USE_ASM=True, SOFT_BF16=False, W_KMAJOR=True, SPLIT3=split3, BM=64)
+        name = f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}"
         row(name, phase._conv_t3d_pool_phase_gemm_kernel, dtype, consts, nw, ns)
     print(f"\nTriton {triton.__version__}, target sm_90\n")
     print("| kernel / config | registers | spill stack bytes | shared KB | wgmma (HGMMA) | mma.sync (HMMA) |")

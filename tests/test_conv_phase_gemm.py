@@ -56,7 +56,7 @@ def epilogue_ref(y, m, s1, s2):
 
 
 def run(x, w, b, m, op, s1=0.2, s2=0.2, *, bnc=32, ck=16, kmajor=True, precision=None, tf32=False, offsets=False,
-        out_format=torch.contiguous_format, persistent_ctas=0):
+        out_format=torch.contiguous_format):
     n, cin, d, h, wd = x.shape
     cout = w.shape[1]
     cin_p = max(16, 1 << (cin - 1).bit_length())
@@ -67,8 +67,7 @@ def run(x, w, b, m, op, s1=0.2, s2=0.2, *, bnc=32, ck=16, kmajor=True, precision
     off = torch.full(shape, 99, device=DEVICE, dtype=torch.uint8).to(memory_format=out_format) if offsets else None
     wp = phase.pack_weight(w, cin_p, bnc, x.dtype, tf32, kmajor, split3=precision == "3xtf32")
     phase.launch(x, wp, b, m.contiguous(), s1, s2, out, op, tf32=tf32, kmajor=kmajor, cin_p=cin_p, bnc=bnc, bm=BM,
-                 ck=ck, num_warps=4, num_stages=2 if persistent_ctas else 1, selected=sel, offsets=off,
-                 precision=precision, persistent_ctas=persistent_ctas)
+                 ck=ck, num_warps=4, num_stages=1, selected=sel, offsets=off, precision=precision)
     return out, sel, off
 
 
@@ -139,19 +138,6 @@ def test_input_and_output_layouts(fmt):
     out, _, _ = run(x_in, w, b, m, op, out_format=out_format)
     ref = F.max_pool3d(epilogue_ref(conv_ref(x, w, b, op), m, 0.2, 0.2), 2, 2)
     torch.testing.assert_close(out.cpu().double(), ref, **tol(torch.float32))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_persistent_variant(dtype):
-    # Fewer programs than tiles (one per multiprocessor; two on the interpreter), each looping over tiles.
-    x, w, b, m = make(3, 16, 32, (5, 6, 7), dtype, seed=9)
-    op = [1, 1, 1]
-    out, _, _ = run(x, w, b, m, op, persistent_ctas=1)
-    y = conv_ref(x, w, b, op)
-    if dtype != torch.float32:
-        y = y.to(dtype).double()
-    ref = F.max_pool3d(epilogue_ref(y, m, 0.2, 0.2), 2, 2)
-    torch.testing.assert_close(out.cpu().double(), ref, **tol(dtype))
 
 
 @pytest.mark.skipif(gemm._INTERPRET, reason="the interpreter computes every float32 dot exactly")

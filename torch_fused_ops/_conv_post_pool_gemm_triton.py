@@ -292,6 +292,11 @@ def _conv_t3d_pool_gemm_kernel(
     USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, FIXUP: tl.constexpr,
 ):
+    # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
+    # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
+    # them up to 1.45x slower on the H200 (benchmarks/compiled_kernel_check.py, 2026-11-29).
+    s1 = tl.cast(s1, tl.float32)
+    s2 = tl.cast(s2, tl.float32)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     KP: tl.constexpr = 8 * CIN_P

@@ -184,22 +184,16 @@ def _conv_t3d_pool_phase_gemm_kernel(
     CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, SPLIT3: tl.constexpr, BM: tl.constexpr,
-    PERSISTENT: tl.constexpr,
 ):
-    # PERSISTENT: a grid of fewer programs than tiles, each looping over tiles (a loop Triton can software-pipeline,
-    # where one tile per program leaves only the 8 phases' straight-line code).
-    pid_n = tl.program_id(1)
-    if PERSISTENT:
-        for tile in range(tl.program_id(0), tl.cdiv(n_pos, BM), tl.num_programs(0)):
-            _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2, n_pos, Cin, Cout,
-                        D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK, BNC,
-                        HAS_BIAS, WITH_OFFSETS, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR,
-                        SPLIT3, BM)
-    else:
-        _phase_tile(tl.program_id(0), pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2, n_pos,
-                    Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK, BNC,
-                    HAS_BIAS, WITH_OFFSETS, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR,
-                    SPLIT3, BM)
+    # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
+    # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
+    # them up to 1.45x slower on the H200 (benchmarks/compiled_kernel_check.py, 2026-11-29).
+    s1 = tl.cast(s1, tl.float32)
+    s2 = tl.cast(s2, tl.float32)
+    _phase_tile(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
+                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK,
+                BNC, HAS_BIAS, WITH_OFFSETS, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR,
+                SPLIT3, BM)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -253,13 +247,12 @@ def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, 
 
 
 def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor, cin_p, bnc, bm, ck, num_warps,
-           num_stages, selected=None, offsets=None, precision=None, kernel_wrapper=None, persistent_ctas=0):
+           num_stages, selected=None, offsets=None, precision=None, kernel_wrapper=None):
     """One launch. ``out`` (and ``selected``/``offsets`` for the training forward) preallocated with the same
     strides; ``w_packed`` from ``pack_weight`` with the same cin_p, bnc, ``kmajor`` and TF32 rounding; ``mult``
     a contiguous [Cout] tensor. ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else
     "ieee"; "3xtf32": float32 from three TF32 products, with a ``split3`` packed weight). ``kernel_wrapper``
-    (``torch.library.wrap_triton`` under tracing) wraps the kernel. ``persistent_ctas`` > 0: that many programs
-    per multiprocessor, each looping over position tiles (a sweep candidate)."""
+    (``torch.library.wrap_triton`` under tracing) wraps the kernel."""
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
     Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
@@ -270,9 +263,6 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
         raise ValueError(f"packed weight too large for int32 indexing: {w_packed.numel()} elements")
     wrap = kernel_wrapper or (lambda k: k)
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
-    if persistent_ctas:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
-        grid = (min(grid[0], sms * persistent_ctas), grid[1])
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         wrap(_conv_t3d_pool_phase_gemm_kernel)[grid](
             x, w_packed, bias if bias is not None else mult, mult, out,
@@ -284,7 +274,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
             IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
             PRECISION="tf32" if split3 else (precision or ("tf32" if tf32 else "ieee")), ROUND_A=bool(tf32),
             USE_ASM=not _INTERPRET, SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor),
-            SPLIT3=split3, BM=bm, PERSISTENT=bool(persistent_ctas),
+            SPLIT3=split3, BM=bm,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out

@@ -138,6 +138,11 @@ def _conv_t3d_post_pool_kernel(
     PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr, ROUND_TF32: tl.constexpr, USE_ASM: tl.constexpr,
     BM: tl.constexpr,
 ):
+    # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
+    # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
+    # them up to 1.45x slower on the H200 (benchmarks/compiled_kernel_check.py, 2026-11-29).
+    s1 = tl.cast(s1, tl.float32)
+    s2 = tl.cast(s2, tl.float32)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     io_dtype = out_ptr.dtype.element_ty
