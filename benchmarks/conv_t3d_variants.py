@@ -132,19 +132,23 @@ def main():
     # Offline sm_90 compiles (benchmarks/triton_resources.py, Triton 3.8): TF32 BM64 4 warps 32 channels 190
     # registers, 16 channels 146; bf16 BM64 212 / 168; none spills. ck < 16 failed to compile on Triton 3.6 (K >= 16
     # per dot).
+    # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
+    # precision override, the training forward's selected/offsets outputs, monotone form). The monotone form (one
+    # max per phase, the epilogue once) is what the inference launcher asks for since 2026-11-29 (late); offline
+    # (Triton 3.8) it takes TF32 from 192 to 255 registers with an 88-byte spill, bf16 from 221 to 241.
+    M = True
     phase_configs = {
-        "tf32": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 16, K, None, False),
-                 (128, 16, 8, 1, 32, K, None, False),
-                 (128, 16, 4, 1, 16, K, None, False), (64, 16, 4, 1, 32, K, None, True),
-                 (64, 16, 4, 1, 16, K, None, True)],
-        "bf16": [(64, 16, 4, 1, 32, K, None, False), (64, 16, 4, 1, 32, R, None, False),
-                 (64, 16, 4, 1, 16, R, None, False), (128, 16, 8, 1, 32, R, None, False),
-                 (128, 16, 4, 1, 16, R, None, False), (64, 16, 4, 1, 16, R, None, True)],
+        "tf32": [(64, 16, 4, 1, 32, K, None, False, False), (64, 16, 4, 1, 32, K, None, False, M),
+                 (64, 16, 4, 1, 16, K, None, False, M), (64, 16, 8, 1, 32, K, None, False, M),
+                 (64, 16, 4, 1, 32, K, None, True, False)],
+        "bf16": [(64, 16, 4, 1, 32, K, None, False, False), (64, 16, 4, 1, 32, K, None, False, M),
+                 (64, 16, 4, 1, 32, R, None, False, M), (64, 16, 8, 1, 32, K, None, False, M),
+                 (64, 16, 4, 1, 16, R, None, False, M)],
         # "3xtf32": our own three-TF32 split, which keeps infinities exact. Triton's own "tf32x3" dot (infinite
         # inputs become NaN) on the finite inputs plus a TF32 dot for the others measured the same (301.5 against
         # 302.8 us, 2026-11-29) and was removed.
-        "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False), (64, 16, 4, 1, 32, K, "3xtf32", True),
-                 (64, 16, 4, 1, 16, K, "3xtf32", False)],
+        "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False, False), (64, 16, 4, 1, 32, K, "3xtf32", False, M),
+                 (64, 16, 8, 1, 32, K, "3xtf32", False, M), (64, 16, 4, 1, 16, K, "3xtf32", False, M)],
     }
     if args.quick:
         configs = {k: v[:2] for k, v in configs.items()}
@@ -161,17 +165,15 @@ def main():
             timed(name, tag, lambda: gemm.conv_transpose3d_post_pool_gemm(
                 xs, ws, bs, ms, S1, S1, op, tf32, out=out, w_packed=wp, bm=bm, bk=bk, num_warps=nw, num_stages=ns,
                 round_a=round_a, w_kmajor=kmajor), out)
-        # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
-        # precision override, with the training forward's selected/offsets outputs).
-        for bm, ck, nw, ns, bnc, kmajor, precision, offs in phase_configs[tag] if "phase" in kernels else ():
+        for bm, ck, nw, ns, bnc, kmajor, precision, offs, mono in phase_configs[tag] if "phase" in kernels else ():
             wp = phase.pack_weight(ws, 16, bnc, dt, tf32, kmajor, split3=precision == "3xtf32")
             name = (f"phase-split bm{bm} ck{ck} w{nw} s{ns} cout/program {bnc}{' kmajor' if kmajor else ''}"
-                    f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}")
+                    f"{f' {precision}' if precision else ''}{' +offsets' if offs else ''}{' monotone' if mono else ''}")
             sel = torch.empty_like(out) if offs else None
             offsets = torch.empty(out.shape, device=dev, dtype=torch.uint8) if offs else None
             timed(name, tag, lambda: phase.launch(
                 xs, wp, bs, ms, S1, S1, out, op, tf32=tf32, kmajor=kmajor, cin_p=16, bnc=bnc, bm=bm, ck=ck,
-                num_warps=nw, num_stages=ns, selected=sel, offsets=offsets, precision=precision), out)
+                num_warps=nw, num_stages=ns, selected=sel, offsets=offsets, precision=precision, mono=mono), out)
         if "shipped" not in kernels:
             continue
         # What ships: the inference launcher (packing and kernel choice included), eager.

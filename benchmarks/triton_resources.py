@@ -103,15 +103,17 @@ def main():
                 f"Cout/prog {bnc}")
         row(name, gemm._conv_t3d_pool_gemm_kernel, dtype, consts, nw, ns)
     # The phase-split GEMM (what ships for bf16, strict float32 and small TF32 sizes).
-    for dtype, precision, bnc, nw, ns in [
-        ("float32", "tf32", 32, 4, 1), ("float32", "tf32", 16, 4, 1), ("bfloat16", "ieee", 32, 4, 1),
-        ("float32", "3xtf32", 32, 4, 1),
+    for dtype, precision, bnc, nw, ns, mono in [
+        ("float32", "tf32", 32, 4, 1, False), ("float32", "tf32", 32, 4, 1, True), ("float32", "tf32", 16, 4, 1, True),
+        ("bfloat16", "ieee", 32, 4, 1, False), ("bfloat16", "ieee", 32, 4, 1, True), ("bfloat16", "ieee", 32, 8, 1, True),
+        ("float32", "3xtf32", 32, 4, 1, False), ("float32", "3xtf32", 32, 4, 1, True),
     ]:
         split3 = precision == "3xtf32"
         consts = dict(CIN_P=16, CK=16, BNC=bnc, HAS_BIAS=True, WITH_OFFSETS=False, IS_FP32=dtype == "float32",
                       IS_HALF=dtype != "float32", PRECISION="tf32" if split3 else precision,
-                      ROUND_A=precision == "tf32", USE_ASM=True, SOFT_BF16=False, W_KMAJOR=True, SPLIT3=split3, BM=64)
-        name = f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}"
+                      ROUND_A=precision == "tf32", USE_ASM=True, SOFT_BF16=False, W_KMAJOR=True, SPLIT3=split3, BM=64,
+                      MONO=mono)
+        name = f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}{' monotone' if mono else ''}"
         row(name, phase._conv_t3d_pool_phase_gemm_kernel, dtype, consts, nw, ns)
     print(f"\nTriton {triton.__version__}, target sm_90\n")
     print("| kernel / config | registers | spill stack bytes | shared KB | wgmma (HGMMA) | mma.sync (HMMA) |")

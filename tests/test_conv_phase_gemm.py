@@ -56,7 +56,7 @@ def epilogue_ref(y, m, s1, s2):
 
 
 def run(x, w, b, m, op, s1=0.2, s2=0.2, *, bnc=32, ck=16, kmajor=True, precision=None, tf32=False, offsets=False,
-        out_format=torch.contiguous_format):
+        out_format=torch.contiguous_format, mono=True, kernel_wrapper=None):
     n, cin, d, h, wd = x.shape
     cout = w.shape[1]
     cin_p = max(16, 1 << (cin - 1).bit_length())
@@ -67,7 +67,8 @@ def run(x, w, b, m, op, s1=0.2, s2=0.2, *, bnc=32, ck=16, kmajor=True, precision
     off = torch.full(shape, 99, device=DEVICE, dtype=torch.uint8).to(memory_format=out_format) if offsets else None
     wp = phase.pack_weight(w, cin_p, bnc, x.dtype, tf32, kmajor, split3=precision == "3xtf32")
     phase.launch(x, wp, b, m.contiguous(), s1, s2, out, op, tf32=tf32, kmajor=kmajor, cin_p=cin_p, bnc=bnc, bm=BM,
-                 ck=ck, num_warps=4, num_stages=1, selected=sel, offsets=off, precision=precision)
+                 ck=ck, num_warps=4, num_stages=1, selected=sel, offsets=off, precision=precision, mono=mono,
+                 kernel_wrapper=kernel_wrapper)
     return out, sel, off
 
 
@@ -125,6 +126,83 @@ def test_offsets_and_non_finite_inputs(precision, slopes):
     assert torch.equal(off.cpu().long(), want)
     y_sel = y.flatten(2).gather(2, idx.flatten(2)).view_as(ref)
     torch.testing.assert_close(sel.cpu().double(), y_sel, equal_nan=True, **tol(torch.float32))
+
+
+def _ref_pool(x, w, b, m, op, dtype, s1=0.2, s2=0.2):
+    y = conv_ref(x, w, b, op)
+    if dtype != torch.float32:
+        y = y.to(dtype).double()  # a half-precision conv rounds its output before the epilogue
+    return F.max_pool3d(epilogue_ref(y, m, s1, s2), 2, 2)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("data", ["random", "ties", "non-finite"])
+def test_monotone_form_matches_exact_form(dtype, data):
+    # Slopes > 0 and finite nonzero multipliers of both signs: the kernel takes the monotone form (one max per
+    # phase). It must give max_pool3d's values, NaN and infinities included, and the exact form's values.
+    x, w, b, m = make(2, 16, 40, (4, 5, 6), torch.float32, seed=11)
+    if data == "ties":
+        # Small integers: many phases of a window share the largest conv output.
+        gen = torch.Generator().manual_seed(12)
+        x = torch.randint(-2, 3, x.shape, generator=gen).float().to(DEVICE)
+        w = torch.randint(-1, 2, w.shape, generator=gen).float().to(DEVICE)
+        b = torch.randint(-1, 2, b.shape, generator=gen).float().to(DEVICE)
+    elif data == "non-finite":
+        flat = x.view(-1)
+        flat[3], flat[500], flat[901], flat[1500] = float("inf"), float("-inf"), float("nan"), float("-inf")
+    x, w, b, m = (t.to(dtype) for t in (x, w, b, m))
+    assert bool((m != 0).all() and m.isfinite().all() and (m < 0).any() and (m > 0).any())
+    op = [1, 1, 1]
+    out, _, _ = run(x, w, b, m, op, bnc=16)
+    exact, _, _ = run(x, w, b, m, op, bnc=16, mono=False)
+    ref = _ref_pool(x, w, b, m, op, dtype)
+    assert torch.equal(out.cpu().isnan(), ref.isnan())
+    torch.testing.assert_close(out.cpu().double(), ref, equal_nan=True, **tol(dtype))
+    torch.testing.assert_close(out, exact, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("breaker", ["zero-multiplier", "inf-multiplier", "nan-multiplier", "inf-bias"])
+def test_monotone_form_falls_back_per_channel_block(breaker):
+    # One channel of the middle block (of three) breaks monotonicity: that block takes the exact form, the
+    # others keep the monotone one; all must match max_pool3d, with infinite conv outputs present.
+    x, w, b, m = make(2, 16, 40, (4, 5, 6), torch.float32, seed=13)
+    flat = x.view(-1)
+    flat[7], flat[800], flat[1201] = float("inf"), float("-inf"), float("inf")
+    if breaker == "zero-multiplier":
+        m[20] = 0.0
+    elif breaker == "inf-multiplier":
+        m[20] = float("-inf")
+    elif breaker == "nan-multiplier":
+        m[20] = float("nan")
+    else:
+        b[20] = float("inf")
+    op = [1, 1, 1]
+    out, _, _ = run(x, w, b, m, op, bnc=16)
+    ref = _ref_pool(x, w, b, m, op, torch.float32)
+    assert torch.equal(out.cpu().isnan(), ref.isnan())
+    torch.testing.assert_close(out.cpu().double(), ref, equal_nan=True, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("s1,s2,offsets,want", [(0.2, 0.2, False, True), (0.0, 0.2, False, False),
+                                                 (0.2, -0.1, False, False), (0.2, 0.2, True, False)])
+def test_monotone_form_only_where_exact(s1, s2, offsets, want):
+    # The launcher asks for the monotone form only with both slopes > 0 and no selection outputs.
+    seen = {}
+
+    def capture(kernel):
+        class Grid:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen.update(kwargs)
+                    return kernel[grid](*args, **kwargs)
+                return launch
+        return Grid()
+
+    x, w, b, m = make(1, 16, 32, (2, 3, 4), torch.float32, seed=2)
+    run(x, w, b, m, [1, 1, 1], s1, s2, offsets=offsets, kernel_wrapper=capture)
+    assert seen["MONO"] is want
 
 
 @pytest.mark.parametrize("fmt", ["channels_last_3d", "strided"])

@@ -30,10 +30,10 @@ COMMON = dict(CIN_P=16, HAS_BIAS=True, USE_ASM=True, SOFT_BF16=False)
 KERNELS = {
     "phase-split bf16": (phase._conv_t3d_pool_phase_gemm_kernel, "bfloat16", 4, 1, dict(
         CK=16, BNC=32, WITH_OFFSETS=False, IS_FP32=False, IS_HALF=True, PRECISION="ieee", ROUND_A=False,
-        W_KMAJOR=True, SPLIT3=False, BM=64)),
+        W_KMAJOR=True, SPLIT3=False, BM=64, MONO=True)),
     "phase-split 3xtf32 with offsets": (phase._conv_t3d_pool_phase_gemm_kernel, "float32", 4, 1, dict(
         CK=16, BNC=32, WITH_OFFSETS=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32", ROUND_A=False,
-        W_KMAJOR=True, SPLIT3=True, BM=64)),
+        W_KMAJOR=True, SPLIT3=True, BM=64, MONO=False)),
     "packed tf32": (gemm._conv_t3d_pool_gemm_kernel, "float32", 4, 3, dict(
         BNC=32, MONO=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32", ROUND_A=True, W_KMAJOR=True, BM=64,
         BK=32, FIXUP=False)),

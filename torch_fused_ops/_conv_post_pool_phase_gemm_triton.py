@@ -150,8 +150,17 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
                 CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr,
                 WITH_OFFSETS: tl.constexpr, IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr,
                 ROUND_A: tl.constexpr, USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr,
-                SPLIT3: tl.constexpr, BM: tl.constexpr):
+                SPLIT3: tl.constexpr, BM: tl.constexpr, MONO: tl.constexpr):
     # One tile: BM pooled positions x the BNC output channels of block pid_n, computed and stored.
+    #
+    # MONO (the host checked: both slopes > 0, no selection outputs wanted): with a finite nonzero multiplier,
+    # leaky(m * leaky(y, s1), s2) is monotone in y (increasing for m > 0, decreasing for m < 0), and so are the
+    # bias add and the rounding to the I/O dtype. So the pooled value is the epilogue of the largest conv output
+    # (the smallest for m < 0): each phase costs one NaN-propagating max of the sign-flipped accumulator (exact)
+    # instead of a whole epilogue and selection. Nsight Compute showed the exact form issue-bound, the tensor pipe
+    # 7% active (bf16, H200). Channels whose multiplier is 0, +-inf or NaN, or whose bias is not finite, break
+    # monotonicity; a block holding one also runs the exact selection (a branch per phase on a block-uniform
+    # flag, so the products are not duplicated) and those channels take its result.
     io_dtype = out_ptr.dtype.element_ty
     row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
 
@@ -164,12 +173,35 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     best = tl.full([BM, BNC], float("-inf"), tl.float32)
     sel = tl.zeros([BM, BNC], dtype=tl.float32)
     off = tl.zeros([BM, BNC], dtype=tl.int32)
+    if MONO:
+        bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+        if HAS_BIAS:
+            bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
+        bad = bad & cn_ok
+        any_bad = tl.sum(bad.to(tl.int32), 0) > 0
+        sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
+        ext = tl.full([BM, BNC], float("-inf"), tl.float32)
     for p in tl.static_range(8):
         acc = _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, p, CIN_P,
                              CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, SPLIT3, W_SMALL)
         wp += (CIN_P << ((p & 1) + ((p >> 1) & 1) + ((p >> 2) & 1))) * BNC
-        best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
-                                       SOFT_BF16)
+        if MONO:
+            ext = tl.maximum(ext, acc * sgn, propagate_nan=tl.PropagateNan.ALL)
+            if any_bad:
+                # (the selection outputs are not wanted here: new names keep them out of the branch's results)
+                best, _sel, _off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF,
+                                                 io_dtype, SOFT_BF16)
+        else:
+            best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
+                                           SOFT_BF16)
+    if MONO:
+        y = ext * sgn
+        if HAS_BIAS:
+            y = y + bias[None, :]
+        if IS_HALF:
+            y = _round_to_io(y, io_dtype, SOFT_BF16)
+        v = tl.where(y > 0, y, y * s1) * mult[None, :]
+        best = tl.where(bad[None, :], best, tl.where(v > 0, v, v * s2))
     _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
                      sow, WITH_OFFSETS, SOFT_BF16)
 
@@ -184,6 +216,7 @@ def _conv_t3d_pool_phase_gemm_kernel(
     CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, SPLIT3: tl.constexpr, BM: tl.constexpr,
+    MONO: tl.constexpr,
 ):
     # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
     # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
@@ -193,7 +226,7 @@ def _conv_t3d_pool_phase_gemm_kernel(
     _phase_tile(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
                 n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK,
                 BNC, HAS_BIAS, WITH_OFFSETS, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR,
-                SPLIT3, BM)
+                SPLIT3, BM, MONO)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -247,12 +280,14 @@ def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, 
 
 
 def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor, cin_p, bnc, bm, ck, num_warps,
-           num_stages, selected=None, offsets=None, precision=None, kernel_wrapper=None):
+           num_stages, selected=None, offsets=None, precision=None, kernel_wrapper=None, mono=True):
     """One launch. ``out`` (and ``selected``/``offsets`` for the training forward) preallocated with the same
     strides; ``w_packed`` from ``pack_weight`` with the same cin_p, bnc, ``kmajor`` and TF32 rounding; ``mult``
     a contiguous [Cout] tensor. ``precision`` overrides the float32 dot precision ("tf32" when ``tf32``, else
     "ieee"; "3xtf32": float32 from three TF32 products, with a ``split3`` packed weight). ``kernel_wrapper``
-    (``torch.library.wrap_triton`` under tracing) wraps the kernel."""
+    (``torch.library.wrap_triton`` under tracing) wraps the kernel. ``mono``: take the monotone form (one max per
+    phase, the epilogue once) where it is exact: slopes > 0 and no offsets wanted; the kernel still checks each
+    channel block's multipliers and bias."""
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
     Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
@@ -274,7 +309,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
             IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
             PRECISION="tf32" if split3 else (precision or ("tf32" if tf32 else "ieee")), ROUND_A=bool(tf32),
             USE_ASM=not _INTERPRET, SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor),
-            SPLIT3=split3, BM=bm,
+            SPLIT3=split3, BM=bm, MONO=bool(mono and not with_offsets and s1 > 0 and s2 > 0),
             num_warps=num_warps, num_stages=num_stages,
         )
     return out
