@@ -50,10 +50,16 @@ _CONFIGS = {
     # multiprocessors): the phase-split GEMM, 67.8 us against 95.3 us for the packed GEMM (same run). Chosen when
     # the position count is a static int below _SMALL_POSITIONS; the threshold lies between the two measured sizes
     # (16384: phase-split faster, 262144: packed faster), not at a measured crossover.
-    "tf32_small": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32),
-    "half": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32),
+    #
+    # mono: the phase-split kernel's monotone form (one max per phase, the epilogue once; exact, see
+    # _phase_tile), same-run sweep 2026-11-29 (late), batch 16: bf16 105.3 against 109.3 us, TF32 170.3 against
+    # 181.3 us (so presumably also a gain at batch 1, where it was not measured); three-TF32 355.0 against 298.0
+    # us (offline it spills 528 bytes against 120), so strict float32 keeps the exact form.
+    "tf32_small": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, mono=True),
+    "half": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, mono=True),
     "tf32": dict(kernel="packed", bm=64, bk=32, num_warps=4, num_stages=3, kmajor=True, bnc=32),
-    "fp32": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, precision="3xtf32"),
+    "fp32": dict(kernel="phase", bm=64, ck=16, num_warps=4, num_stages=1, kmajor=True, bnc=32, precision="3xtf32",
+                 mono=False),
 }
 
 
