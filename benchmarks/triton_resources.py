@@ -98,7 +98,8 @@ def main():
     ]:
         consts = dict(CIN_P=16, BNC=bnc, HAS_BIAS=True, MONO=True, IS_FP32=dtype == "float32",
                       IS_HALF=dtype != "float32", PRECISION="tf32" if tf32 else "ieee", ROUND_A=tf32, USE_ASM=True,
-                      SOFT_BF16=False, W_KMAJOR=kmajor, BM=bm, BK=bk, FIXUP=False)
+                      SOFT_BF16=False, W_KMAJOR=kmajor, BM=bm, BK=bk, FIXUP=False,
+                      FIXUP_TILES=32)
         name = (f"packed {dtype}{' tf32' if tf32 else ''}{' kmajor' if kmajor else ''} BM{bm} BK{bk} {nw}w {ns}s "
                 f"Cout/prog {bnc}")
         row(name, gemm._conv_t3d_pool_gemm_kernel, dtype, consts, nw, ns)

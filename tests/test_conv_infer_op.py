@@ -108,8 +108,8 @@ def test_op_matches_float64(dtype, fmt):
                          ids=["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("slopes", [(0.2, 0.2), (0.0, -0.5)], ids=["monotone", "exact"])
 def test_nan_and_inf_propagate(dtype, tf32, slopes):
-    # Infinite inputs meet the packed GEMM's structural zeros (inf * 0 = NaN where the convolution has no such
-    # product): the fix-up launch must give what the convolution gives, +-inf included.
+    # NaN and +-inf inputs through the routed op: at this size every precision takes the phase-split GEMM (the
+    # packed GEMM's fix-up launch has its own test below). Results must be what the convolution gives.
     x, w, b, m = make(2, 16, 8, (4, 4, 4), dtype, "positive")
     x = x.clone()
     x[0, 1, 0, 0, 0] = float("nan")
@@ -118,6 +118,34 @@ def test_nan_and_inf_propagate(dtype, tf32, slopes):
     ref = reference(x, w, b, m, *slopes, (1, 1, 1))
     assert ref.isnan().any() and ref.isinf().any()
     out = OP(x, w, b, m, *slopes, [1, 1, 1], tf32)
+    if tf32:
+        assert torch.equal(out.cpu().isnan(), ref.isnan()) and torch.equal(out.cpu().isinf(), ref.isinf())
+        torch.testing.assert_close(out.cpu().double(), ref, equal_nan=True, rtol=5e-3, atol=5e-3)
+    else:
+        check(out, ref, dtype)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype,tf32", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["fp32", "tf32", "bf16"])
+def test_packed_gemm_fixup_launch(dtype, tf32):
+    # Infinite inputs meet the packed GEMM's structural zeros (inf * 0 = NaN where the convolution has no such
+    # product); the first launch flags those tiles and the fix-up launch recomputes them, each of its programs
+    # reading 32 flags. Infinities in the first and last batch elements reach tiles of every channel block, the
+    # last ones past the first 32 flags, so both fix-up programs must find their tiles.
+    x, w, b, m = make(3, 16, 40, (5, 6, 7), dtype, "positive", seed=4)
+    x = x.clone()
+    x[0, 2, 0, 1, 1] = float("inf")
+    x[1, 0, 2, 3, 3] = float("nan")
+    x[2, 5, 4, 5, 6] = float("-inf")
+    x[2, 7, 3, 0, 2] = float("inf")
+    op = [1, 1, 1]
+    ref = reference(x, w, b, m, 0.2, 0.2, op)
+    assert ref.isnan().any() and ref.isinf().any()
+    out = torch.full(ref.shape, float("nan"), device=DEVICE, dtype=dtype)  # poisoned
+    gemm.conv_transpose3d_post_pool_gemm(x, w, b, m, 0.2, 0.2, op, tf32, out=out, bnc=16, bm=32)
+    n_tiles = -(-ref[:, 0].numel() // 32) * 3
+    assert n_tiles > gemm._FIXUP_TILES
     if tf32:
         assert torch.equal(out.cpu().isnan(), ref.isnan()) and torch.equal(out.cpu().isinf(), ref.isinf())
         torch.testing.assert_close(out.cpu().double(), ref, equal_nan=True, rtol=5e-3, atol=5e-3)

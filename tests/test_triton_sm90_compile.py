@@ -36,7 +36,10 @@ KERNELS = {
         W_KMAJOR=True, SPLIT3=True, BM=64, MONO=False)),
     "packed tf32": (gemm._conv_t3d_pool_gemm_kernel, "float32", 4, 3, dict(
         BNC=32, MONO=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32", ROUND_A=True, W_KMAJOR=True, BM=64,
-        BK=32, FIXUP=False)),
+        BK=32, FIXUP=False, FIXUP_TILES=32)),
+    "packed tf32 fix-up launch": (gemm._conv_t3d_pool_gemm_kernel, "float32", 4, 3, dict(
+        BNC=32, MONO=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32", ROUND_A=True, W_KMAJOR=True, BM=64,
+        BK=32, FIXUP=True, FIXUP_TILES=32)),
     "phase-exact tf32 with offsets": (exact._conv_t3d_post_pool_kernel, "float32", 4, 1, dict(
         COUT_P=32, BK=16, BN=32, WITH_OFFSETS=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32",
         ROUND_TF32=True, BM=64)),

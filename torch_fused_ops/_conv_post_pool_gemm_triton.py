@@ -281,6 +281,54 @@ def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_pt
 
 
 @triton.jit
+def _gemm_tile(pid_m, pid_n, flag_at, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr, s1, s2,
+               n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow,
+               CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
+               IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
+               USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
+               BK: tl.constexpr, FIXUP: tl.constexpr):
+    # One tile: BM pooled positions x the BNC output channels of block pid_n; flag_at is its flag.
+    KP: tl.constexpr = 8 * CIN_P
+    NP: tl.constexpr = 8 * BNC
+    row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
+
+    # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR); column = phase * BNC + channel.
+    w_base = w_ptr + pid_n * (KP * NP)
+    if FIXUP:
+        # Second launch, only for tiles the first one flagged: a non-finite result. The packing's structural
+        # zeros may have met an infinite input (inf * 0 = NaN where the convolution has no such product), so the
+        # tile is recomputed with the infinities taken out of the product and counted per output instead, as the
+        # convolution sees them: any inf * 0 of a real tap, or +inf and -inf together, gives NaN; otherwise the
+        # sign of the infinities. A NaN spread by a structural zero stays: a NaN input reaches every window it
+        # touches through a real tap too, so max_pool3d returns NaN for those windows either way.
+        # Kept out of the first launch's code: compiled there, these four extra K loops cost the common path
+        # up to 2x (register allocation), although they never ran.
+        code = tl.where(_packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
+                                     CIN_P, BNC, BM, BK, _INF_TIMES_ZERO, IS_FP32, PRECISION, ROUND_A, USE_ASM,
+                                     SOFT_BF16, W_KMAJOR) > 0, 3.0, 0.0)
+        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _POS_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        code = tl.where((code == 0) & (cnt > 0), 1.0, code)
+        cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _NEG_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        code = tl.where(cnt > 0, tl.where(code == 0, 2.0, 3.0), code)
+        acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _FINITE, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        acc = tl.where(code == 3.0, float("nan"),
+                       tl.where(code == 1.0, float("inf"), tl.where(code == 2.0, float("-inf"), acc)))
+    else:
+        acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
+                           BM, BK, _PRODUCT, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
+        # Flag the tile for the fix-up launch when any result is non-finite (rare: infinite or NaN inputs,
+        # overflow); every program writes its flag, so the buffer needs no initialisation.
+        nonfinite = tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32))
+        tl.store(flag_ptr + flag_at, (nonfinite > 0).to(tl.int32))
+
+    _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod,
+                         soh, sow, BM, BNC, HAS_BIAS, MONO, IS_HALF, SOFT_BF16)
+
+
+@triton.jit
 def _conv_t3d_pool_gemm_kernel(
     x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr,
     s1, s2,
@@ -290,60 +338,35 @@ def _conv_t3d_pool_gemm_kernel(
     CIN_P: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
     IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr, ROUND_A: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, FIXUP: tl.constexpr,
+    BK: tl.constexpr, FIXUP: tl.constexpr, FIXUP_TILES: tl.constexpr,
 ):
     # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
     # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
     # them up to 1.45x slower on the H200 (benchmarks/compiled_kernel_check.py, 2026-11-29).
     s1 = tl.cast(s1, tl.float32)
     s2 = tl.cast(s2, tl.float32)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    KP: tl.constexpr = 8 * CIN_P
-    NP: tl.constexpr = 8 * BNC
-
-    flag_at = pid_n * tl.num_programs(0) + pid_m
     if FIXUP:
-        work = tl.load(flag_ptr + flag_at) != 0
+        # Second launch. Each program reads FIXUP_TILES flags in one load and recomputes the flagged tiles among
+        # them; usually none is flagged. One program per tile, as the first launch has, cost 17.2 us of the
+        # TF32 packed GEMM's 141.6 (Nsight Compute, H200, 2026-11-29): 4096 programs of a kernel that fits one
+        # block per multiprocessor, each reading one flag.
+        n_m = tl.cdiv(n_pos, BM)
+        n_tiles = n_m * tl.cdiv(Cout, BNC)
+        first = tl.program_id(0) * FIXUP_TILES
+        at = first + tl.arange(0, FIXUP_TILES)
+        if tl.max(tl.load(flag_ptr + at, mask=at < n_tiles, other=0), 0) != 0:
+            for i in range(FIXUP_TILES):
+                t = first + i
+                if tl.load(flag_ptr + t, mask=t < n_tiles, other=0) != 0:
+                    _gemm_tile(t % n_m, t // n_m, t, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr, s1, s2,
+                               n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh,
+                               sow, CIN_P, BNC, HAS_BIAS, MONO, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM,
+                               SOFT_BF16, W_KMAJOR, BM, BK, True)
     else:
-        work = True
-    if work:
-        row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
-
-        # Packed weight [n_blocks, KP, NP] ([n_blocks, NP, KP] if W_KMAJOR); column = phase * BNC + channel.
-        w_base = w_ptr + pid_n * (KP * NP)
-        if FIXUP:
-            # Second launch, only for tiles the first one flagged: a non-finite result. The packing's structural
-            # zeros may have met an infinite input (inf * 0 = NaN where the convolution has no such product), so the
-            # tile is recomputed with the infinities taken out of the product and counted per output instead, as the
-            # convolution sees them: any inf * 0 of a real tap, or +inf and -inf together, gives NaN; otherwise the
-            # sign of the infinities. A NaN spread by a structural zero stays: a NaN input reaches every window it
-            # touches through a real tap too, so max_pool3d returns NaN for those windows either way.
-            # Kept out of the first launch's code: compiled there, these four extra K loops cost the common path
-            # up to 2x (register allocation), although they never ran.
-            code = tl.where(_packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw,
-                                         CIN_P, BNC, BM, BK, _INF_TIMES_ZERO, IS_FP32, PRECISION, ROUND_A, USE_ASM,
-                                         SOFT_BF16, W_KMAJOR) > 0, 3.0, 0.0)
-            cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                               BM, BK, _POS_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-            code = tl.where((code == 0) & (cnt > 0), 1.0, code)
-            cnt = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                               BM, BK, _NEG_INF, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-            code = tl.where(cnt > 0, tl.where(code == 0, 2.0, 3.0), code)
-            acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                               BM, BK, _FINITE, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-            acc = tl.where(code == 3.0, float("nan"),
-                           tl.where(code == 1.0, float("inf"), tl.where(code == 2.0, float("-inf"), acc)))
-        else:
-            acc = _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, CIN_P, BNC,
-                               BM, BK, _PRODUCT, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR)
-            # Flag the tile for the fix-up launch when any result is non-finite (rare: infinite or NaN inputs,
-            # overflow); every program writes its flag, so the buffer needs no initialisation.
-            nonfinite = tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32))
-            tl.store(flag_ptr + flag_at, (nonfinite > 0).to(tl.int32))
-
-        _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod,
-                             soh, sow, BM, BNC, HAS_BIAS, MONO, IS_HALF, SOFT_BF16)
+        _gemm_tile(tl.program_id(0), tl.program_id(1), tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
+                   x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, flag_ptr, s1, s2, n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+                   sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, BNC, HAS_BIAS, MONO, IS_FP32, IS_HALF,
+                   PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, BM, BK, False)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -403,6 +426,10 @@ def pack_weight(weight: torch.Tensor, cin_p: int, bnc: int, dtype: torch.dtype, 
     return round_tf32(g.contiguous()) if tf32 else g.contiguous()
 
 
+# Flags read by one program of the fix-up launch (4096 tiles at the KernelBench size: 128 programs).
+_FIXUP_TILES = 32
+
+
 def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(max(n, 1)))
 
@@ -423,8 +450,8 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     bnc = w_packed.shape[1 if kmajor else 2] // 8
     wrap = kernel_wrapper or (lambda k: k)
     grid = (triton.cdiv(n_pos, bm), w_packed.shape[0])
-    # One flag per program: the first launch marks tiles with a non-finite result, the second recomputes only
-    # those (see the kernel); the second costs a few microseconds when none is marked.
+    # One flag per tile: the first launch marks tiles with a non-finite result, the second recomputes only those
+    # (see the kernel).
     flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
     args = dict(CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
                 IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
@@ -434,12 +461,13 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
                 num_warps=num_warps, num_stages=num_stages)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         for fixup in (False, True):
-            wrap(_conv_t3d_pool_gemm_kernel)[grid](
+            # The fix-up launch: one program per _FIXUP_TILES flags (see the kernel).
+            wrap(_conv_t3d_pool_gemm_kernel)[(triton.cdiv(grid[0] * grid[1], _FIXUP_TILES), 1) if fixup else grid](
                 x, w_packed, bias if bias is not None else mult, mult, out, flags,
                 float(s1), float(s2),
                 n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
                 *x.stride(), *out.stride(),
-                BK=min(bk, 8 * cin_p), FIXUP=fixup, **args,
+                BK=min(bk, 8 * cin_p), FIXUP=fixup, FIXUP_TILES=_FIXUP_TILES, **args,
             )
     return out
 
