@@ -67,30 +67,27 @@ def summarise(csv_path):
     def get(r, name):
         return _num(r[col[name]]) if name in col else float("nan")
 
-    stall_cols = [h for h in head if "issue_stalled" in h and h.endswith("_per_issue_active.ratio")]
-    tensor_cols = [h for h in head if "pipe_tensor" in h and "pct_of_peak_sustained_active" in h]
+    stall_cols = [h for h in head if h.startswith("smsp__average_warps_issue_stalled_")
+                  and h.endswith("_per_issue_active.ratio")]
     print("| kernel | us | SM % | DRAM % | tensor pipe % | occupancy achieved / theoretical % | registers | "
           "blocks/SM by registers | issue slots % | top stalls (cycles per issued instruction) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for i, r in enumerate(data):
         name = r[col.get("Kernel Name", 0)][:40]
-        dur = get(r, "gpu__time_duration.sum")
-        if units[col.get("gpu__time_duration.sum", 0)] == "nsecond":
-            dur /= 1000.0
-        elif units[col.get("gpu__time_duration.sum", 0)] == "msecond":
-            dur *= 1000.0
-        stalls = sorted(((get(r, h), h.split("issue_stalled_")[1].split("_per_issue")[0]) for h in stall_cols),
-                        reverse=True)[:4]
-        tensor = max((get(r, h) for h in tensor_cols), default=float("nan"))
+        unit = units[col["gpu__time_duration.sum"]] if "gpu__time_duration.sum" in col else "ns"
+        dur = get(r, "gpu__time_duration.sum") * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(unit, 1.0)
+        stalls = sorted(((get(r, h), h[len("smsp__average_warps_issue_stalled_"):-len("_per_issue_active.ratio")])
+                         for h in stall_cols), reverse=True)
+        stalls = [s for s in stalls if s[1] != "selected"][:4]
         print(f"| {i} {name} | {dur:.1f} | {get(r, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):.1f} | "
-              f"{get(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):.1f} | {tensor:.1f} | "
+              f"{get(r, 'gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):.1f} | "
+              f"{get(r, 'sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active'):.1f} | "
               f"{get(r, 'sm__warps_active.avg.pct_of_peak_sustained_active'):.1f} / "
               f"{get(r, 'sm__maximum_warps_per_active_cycle_pct'):.1f} | "
               f"{get(r, 'launch__registers_per_thread'):.0f} | {get(r, 'launch__occupancy_limit_registers'):.0f} | "
-              f"{get(r, 'smsp__issue_active.avg.pct_of_peak_sustained_active'):.1f} | "
-              + ", ".join(f"{n} {v:.1f}" for v, n in stalls) + " |")
-    print(f"\nkernels in order: {', '.join(PATHS)} (the TF32 packed GEMM may add a fix-up launch)")
-    print(f"tensor-pipe columns found: {tensor_cols}")
+              f"{get(r, 'sm__issue_active.avg.pct_of_peak_sustained_elapsed'):.1f} | "
+              + ", ".join(f"{n} {v:.2f}" for v, n in stalls) + " |")
+    print(f"\nkernels in order: {', '.join(PATHS)} (the TF32 packed GEMM adds its fix-up launch)")
 
 
 def main():
