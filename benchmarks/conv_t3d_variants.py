@@ -61,7 +61,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--kernels", default="ref,t1,gemm,phase,shipped",
-                    help="comma list: ref (cuDNN, eager), t1 (phase-exact), gemm (packed; gemm1: first config only), "
+                    help="comma list: ref (cuDNN, eager), t1 (phase-exact, with its launcher), t1k (phase-exact "
+                         "kernel alone, exact and monotone), gemm (packed; gemm1: first config only), "
                          "phase (phase-split), "
                          "shipped (the inference launcher)")
     args = ap.parse_args()
@@ -115,6 +116,18 @@ def main():
             add("phase-exact t1 (incl. weight pack, launcher)", tag, median_us(fn, torch.device(dev)), rel_err(o, ref))
         except Exception as e:  # noqa: BLE001
             add("phase-exact t1", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
+
+    # Phase-exact kernel alone (weight packed beforehand), exact and monotone form: the monotone form's inference
+    # candidate (offline, Triton 3.8: bf16 132 registers exact, 203 monotone; TF32 216 / 252).
+    for dt, tf32 in ((torch.float32, True), (torch.bfloat16, False)) if "t1k" in kernels else ():
+        xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
+        tag = "tf32" if dt == torch.float32 else "bf16"
+        wp = exact._pack_weight(ws, 16, 32, dt, tf32)
+        for mono in (False, True):
+            fn = lambda mono=mono: exact.conv_transpose3d_post_pool_triton(  # noqa: E731
+                xs, ws, bs, ms, S1, S1, op, tf32, False, mono=mono, w_packed=wp)
+            timed(f"phase-exact t1 kernel (weight packed){' monotone' if mono else ''}", tag, fn,
+                  torch.empty(1, device=dev))  # the launcher allocates its output: nothing to poison here
 
     # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32[, output channels per
     # program]). The shipped config first (_conv_triton_op._CONFIGS), then the runners-up of the 2026-11-29

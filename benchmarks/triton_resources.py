@@ -116,6 +116,19 @@ def main():
                       MONO=mono)
         name = f"phase-split {dtype} {precision} BM64 {nw}w {ns}s Cout/prog {bnc}{' monotone' if mono else ''}"
         row(name, phase._conv_t3d_pool_phase_gemm_kernel, dtype, consts, nw, ns)
+    # The phase-exact kernel (the training forward; with the monotone form, an inference candidate).
+    from torch_fused_ops import _conv_post_pool_triton as exact
+
+    for dtype, tf32, nw, mono, offs in [
+        ("float32", True, 4, False, True), ("float32", True, 4, False, False), ("float32", True, 4, True, False),
+        ("bfloat16", False, 4, False, False), ("bfloat16", False, 4, True, False),
+    ]:
+        consts = dict(CIN_P=16, COUT_P=32, BK=16, BN=32, HAS_BIAS=True, WITH_OFFSETS=offs,
+                      IS_FP32=dtype == "float32", IS_HALF=dtype != "float32", PRECISION="tf32" if tf32 else "ieee",
+                      SOFT_BF16=False, ROUND_TF32=tf32, USE_ASM=True, BM=64, MONO=mono)
+        name = (f"phase-exact {dtype}{' tf32' if tf32 else ''} BM64 {nw}w Cout/prog 32"
+                f"{' +offsets' if offs else ''}{' monotone' if mono else ''}")
+        row(name, exact._conv_t3d_post_pool_kernel, dtype, consts, nw, 1)
     print(f"\nTriton {triton.__version__}, target sm_90\n")
     print("| kernel / config | registers | spill stack bytes | shared KB | wgmma (HGMMA) | mma.sync (HMMA) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -351,6 +351,60 @@ def test_nan_and_inf_propagate(dtype, slopes):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The monotone form (mono=True: a sweep candidate, one max per phase and the epilogue once)
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("breaker", ["none", "zero-multiplier", "nan-multiplier", "inf-bias"])
+def test_monotone_form(monkeypatch, dtype, breaker):
+    # Cout 40 over three channel blocks of 16; finite nonzero multipliers of both signs, NaN and +-inf inputs.
+    # With a breaker in the middle block, that block also runs the exact selection; all must match float64
+    # max_pool3d and the exact form.
+    monkeypatch.setattr(cpt, "_MAX_BN", 16)
+    x, w, b, m = make_case(2, 16, 40, (4, 5, 6), dtype=torch.float32, mult="positive", seed=21)
+    m[0::3] = -m[0::3]
+    flat = x.view(-1)
+    flat[3], flat[500], flat[901], flat[1500] = float("inf"), float("-inf"), float("nan"), float("-inf")
+    if breaker == "zero-multiplier":
+        m[20] = 0.0
+    elif breaker == "nan-multiplier":
+        m[20] = float("nan")
+    elif breaker == "inf-bias":
+        b[20] = float("inf")
+    x, w, b, m = (t.to(dtype) for t in (x, w, b, m))
+    op = (1, 1, 1)
+    _, _, ref = reference(x, w, b, m, 0.2, 0.2, op)
+    out = cpt.conv_transpose3d_post_pool_triton(x, w, b, m, 0.2, 0.2, op, False, False, mono=True)
+    exact = cpt.conv_transpose3d_post_pool_triton(x, w, b, m, 0.2, 0.2, op, False, False)
+    assert torch.equal(out.cpu().isnan(), ref.isnan())
+    torch.testing.assert_close(out.cpu().double(), ref, equal_nan=True, **tolerances(dtype))
+    # Bitwise on the interpreter and in bf16; on the H200 the phase-split kernel's two float32 forms differed at
+    # rounding level (see tests/test_conv_phase_gemm.py).
+    same = dict(rtol=0, atol=0) if cpt._INTERPRET or dtype != torch.float32 else tolerances(dtype)
+    torch.testing.assert_close(out, exact, equal_nan=True, **same)
+
+
+@pytest.mark.parametrize("s1,s2,offsets,want", [(0.2, 0.2, False, True), (0.0, 0.2, False, False),
+                                                 (0.2, -0.1, False, False), (0.2, 0.2, True, False)])
+def test_monotone_form_only_where_exact(s1, s2, offsets, want):
+    seen = {}
+
+    def capture(kernel):
+        class Grid:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen.update(kwargs)
+                    return kernel[grid](*args, **kwargs)
+                return launch
+        return Grid()
+
+    x, w, b, m = make_case(1, 4, 5, (2, 3, 2))
+    cpt.conv_transpose3d_post_pool_triton(x, w, b, m, s1, s2, (1, 1, 1), False, offsets, kernel_wrapper=capture,
+                                          mono=True)
+    assert seen["MONO"] is want
+
+
+# ----------------------------------------------------------------------------------------------------------
 # with_offsets
 # ----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES], ids=str)

@@ -42,7 +42,10 @@ KERNELS = {
         BK=32, FIXUP=True, FIXUP_TILES=32)),
     "phase-exact tf32 with offsets": (exact._conv_t3d_post_pool_kernel, "float32", 4, 1, dict(
         COUT_P=32, BK=16, BN=32, WITH_OFFSETS=True, IS_FP32=True, IS_HALF=False, PRECISION="tf32",
-        ROUND_TF32=True, BM=64)),
+        ROUND_TF32=True, BM=64, MONO=False)),
+    "phase-exact bf16 monotone": (exact._conv_t3d_post_pool_kernel, "bfloat16", 4, 1, dict(
+        COUT_P=32, BK=16, BN=32, WITH_OFFSETS=False, IS_FP32=False, IS_HALF=True, PRECISION="ieee",
+        ROUND_TF32=False, BM=64, MONO=True)),
 }
 
 

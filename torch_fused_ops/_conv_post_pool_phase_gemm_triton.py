@@ -145,6 +145,33 @@ def _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, 
 
 
 @triton.jit
+def _mono_setup(mult, bias, cn_ok, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    # The monotone form (see _phase_tile): which channels break monotonicity (a multiplier of 0, +-inf or NaN, or
+    # a non-finite bias), whether this block holds one, the per-channel sign flip, and the running extreme.
+    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+    if HAS_BIAS:
+        bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
+    bad = bad & cn_ok
+    any_bad = tl.sum(bad.to(tl.int32), 0) > 0
+    sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
+    ext = tl.full([BM, BN], float("-inf"), tl.float32)
+    return bad, any_bad, sgn, ext
+
+
+@triton.jit
+def _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS: tl.constexpr, IS_HALF: tl.constexpr,
+                 IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    # The epilogue of the extreme conv output, once; channels that broke monotonicity take the exact selection.
+    y = ext * sgn
+    if HAS_BIAS:
+        y = y + bias[None, :]
+    if IS_HALF:
+        y = _round_to_io(y, IO_DTYPE, SOFT_BF16)
+    v = tl.where(y > 0, y, y * s1) * mult[None, :]
+    return tl.where(bad[None, :], best, tl.where(v > 0, v, v * s2))
+
+
+@triton.jit
 def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
                 n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow,
                 CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -174,13 +201,7 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     sel = tl.zeros([BM, BNC], dtype=tl.float32)
     off = tl.zeros([BM, BNC], dtype=tl.int32)
     if MONO:
-        bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
-        if HAS_BIAS:
-            bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
-        bad = bad & cn_ok
-        any_bad = tl.sum(bad.to(tl.int32), 0) > 0
-        sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
-        ext = tl.full([BM, BNC], float("-inf"), tl.float32)
+        bad, any_bad, sgn, ext = _mono_setup(mult, bias, cn_ok, HAS_BIAS, BM, BNC)
     for p in tl.static_range(8):
         acc = _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, p, CIN_P,
                              CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, SPLIT3, W_SMALL)
@@ -195,13 +216,7 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
             best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
                                            SOFT_BF16)
     if MONO:
-        y = ext * sgn
-        if HAS_BIAS:
-            y = y + bias[None, :]
-        if IS_HALF:
-            y = _round_to_io(y, io_dtype, SOFT_BF16)
-        v = tl.where(y > 0, y, y * s1) * mult[None, :]
-        best = tl.where(bad[None, :], best, tl.where(v > 0, v, v * s2))
+        best = _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16)
     _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
                      sow, WITH_OFFSETS, SOFT_BF16)
 

@@ -28,7 +28,7 @@ from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
 from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, round_tf32
 # The per-phase epilogue with max_pool3d's running selection, and its stores, shared with the phase-split GEMM.
-from ._conv_post_pool_phase_gemm_triton import _select_phase, _store_selection
+from ._conv_post_pool_phase_gemm_triton import _mono_finish, _mono_setup, _select_phase, _store_selection
 
 __all__ = ["check_kernel_args", "conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -136,7 +136,7 @@ def _conv_t3d_post_pool_kernel(
     CIN_P: tl.constexpr, COUT_P: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
     HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr, IS_FP32: tl.constexpr, IS_HALF: tl.constexpr,
     PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr, ROUND_TF32: tl.constexpr, USE_ASM: tl.constexpr,
-    BM: tl.constexpr,
+    BM: tl.constexpr, MONO: tl.constexpr,
 ):
     # Inductor's wrapper passes Python floats as fp64 (Triton's own launcher as fp32). float32 is the slopes'
     # opmath type in eager PyTorch; fp64 epilogue math took the kernels to 236-255 registers with spills and made
@@ -184,6 +184,10 @@ def _conv_t3d_post_pool_kernel(
     best = tl.full([BM, BN], float("-inf"), tl.float32)
     sel = tl.zeros([BM, BN], dtype=tl.float32)
     off = tl.zeros([BM, BN], dtype=tl.int32)
+    if MONO:
+        # The monotone form, as in the phase-split GEMM (_phase_tile there says why it is exact): one max per
+        # phase; a channel block whose multiplier or bias breaks monotonicity also runs the exact selection.
+        bad, any_bad, sgn, ext = _mono_setup(mult, bias, cn_ok, HAS_BIAS, BM, BN)
     # Phase p = pd*4 + ph*2 + pw is also max_pool3d's scan order within the window (d-major), which the
     # selection below relies on for ties and NaNs.
     for p in tl.static_range(8):
@@ -194,8 +198,16 @@ def _conv_t3d_post_pool_kernel(
             acc = _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
                                      p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION,
                                      SOFT_BF16, ROUND_TF32, USE_ASM)
-        best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
-                                       SOFT_BF16)
+        if MONO:
+            ext = tl.maximum(ext, acc * sgn, propagate_nan=tl.PropagateNan.ALL)
+            if any_bad:
+                best, _sel, _off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF,
+                                                 io_dtype, SOFT_BF16)
+        else:
+            best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
+                                           SOFT_BF16)
+    if MONO:
+        best = _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16)
     _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
                      sow, WITH_OFFSETS, SOFT_BF16)
 
@@ -230,7 +242,7 @@ _AUTOTUNE = os.environ.get("TORCH_FUSED_OPS_TRITON_AUTOTUNE", "0") == "1" and no
 if _AUTOTUNE:
     _kernel = triton.autotune(
         configs=_CONFIGS,
-        key=["n_pos", "CIN_P", "COUT_P", "BK", "BN", "HAS_BIAS", "WITH_OFFSETS", "IS_FP32", "PRECISION"],
+        key=["n_pos", "CIN_P", "COUT_P", "BK", "BN", "HAS_BIAS", "WITH_OFFSETS", "IS_FP32", "PRECISION", "MONO"],
     )(_conv_t3d_post_pool_kernel)
 else:
     _kernel = _conv_t3d_post_pool_kernel
@@ -353,7 +365,8 @@ def check_kernel_args(x, weight, bias, multiplier_1d, output_padding) -> None:
 
 def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                       multiplier_1d: torch.Tensor, negative_slope: float, negative_slope2: float,
-                                      output_padding, allow_tf32: bool, with_offsets: bool, kernel_wrapper=None):
+                                      output_padding, allow_tf32: bool, with_offsets: bool, kernel_wrapper=None,
+                                      mono: bool = False, w_packed: torch.Tensor | None = None):
     """max_pool3d(leaky(leaky(conv_transpose3d(x, weight, bias, stride=2, padding=1, output_padding), s1) * m, s2),
     kernel 2, stride 2).
 
@@ -361,6 +374,9 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     (rounded to x's dtype) at the window element max_pool3d picked and ``offsets`` (uint8) that element's
     offset ``pd*4 + ph*2 + pw`` in the 2x2x2 window. fp32 inputs use TF32 tensor cores iff ``allow_tf32``.
     ``kernel_wrapper`` (``torch.library.wrap_triton`` when traced by torch.compile) wraps the kernel before launch.
+    ``mono``: the monotone form (one max per phase, the epilogue once) where it is exact: both slopes > 0 and no
+    offsets wanted; a sweep candidate, not routed. ``w_packed``: the weight packed beforehand (the sweep times the
+    kernel alone).
     """
     check_kernel_args(x, weight, bias, multiplier_1d, output_padding)
     N, Cin, D, H, W = x.shape
@@ -388,7 +404,8 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     bn = min(cout_p, _pow2_at_least(_MAX_BN, 16))
     is_fp32 = x.dtype == torch.float32
     tf32 = is_fp32 and allow_tf32
-    w_packed = _pack_weight(weight, cin_p, cout_p, x.dtype, tf32)
+    if w_packed is None:
+        w_packed = _pack_weight(weight, cin_p, cout_p, x.dtype, tf32)
     soft_bf16 = _INTERPRET and x.dtype == torch.bfloat16
 
     def grid(meta):
@@ -415,7 +432,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
             CIN_P=cin_p, COUT_P=cout_p, BK=bk, BN=bn,
             HAS_BIAS=bias is not None, WITH_OFFSETS=bool(with_offsets), IS_FP32=is_fp32,
             IS_HALF=not is_fp32, PRECISION=precision, SOFT_BF16=soft_bf16, ROUND_TF32=tf32, USE_ASM=not _INTERPRET,
-            **launch,
+            MONO=bool(mono and not with_offsets and negative_slope > 0 and negative_slope2 > 0), **launch,
         )
     return result
 
