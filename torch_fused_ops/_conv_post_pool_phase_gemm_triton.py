@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._conv_post_pool_gemm_triton import (_INTERPRET, _channel_params, _dot, _positions, _round_tf32, _round_to_io,
-                                          _to_io, round_tf32)
+                                          _to_io, pooled_row_width, round_tf32)
 
 __all__ = ["launch", "pack_weight", "phase_taps"]
 
@@ -173,7 +173,7 @@ def _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS: tl.constexpr
 
 @triton.jit
 def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
-                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow,
+                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow,
                 CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr,
                 WITH_OFFSETS: tl.constexpr, IS_FP32: tl.constexpr, IS_HALF: tl.constexpr, PRECISION: tl.constexpr,
                 ROUND_A: tl.constexpr, USE_ASM: tl.constexpr, SOFT_BF16: tl.constexpr, W_KMAJOR: tl.constexpr,
@@ -189,7 +189,7 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     # monotonicity; a block holding one also runs the exact selection (a branch per phase on a block-uniform
     # flag, so the products are not duplicated) and those channels take its result.
     io_dtype = out_ptr.dtype.element_ty
-    row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
+    row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sxw)
 
     cn, cn_ok, mult, bias = _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC, HAS_BIAS)
     wn = tl.arange(0, BNC)
@@ -225,7 +225,7 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
 def _conv_t3d_pool_phase_gemm_kernel(
     x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr,
     s1, s2,
-    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv,
     sxn, sxc, sxd, sxh, sxw,
     son, soc, sod, soh, sow,
     CIN_P: tl.constexpr, CK: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, WITH_OFFSETS: tl.constexpr,
@@ -239,7 +239,7 @@ def _conv_t3d_pool_phase_gemm_kernel(
     s1 = tl.cast(s1, tl.float32)
     s2 = tl.cast(s2, tl.float32)
     _phase_tile(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr, s1, s2,
-                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK,
+                n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv, sxn, sxc, sxd, sxh, sxw, son, soc, sod, soh, sow, CIN_P, CK,
                 BNC, HAS_BIAS, WITH_OFFSETS, IS_FP32, IS_HALF, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR,
                 SPLIT3, BM, MONO)
 
@@ -305,8 +305,11 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     channel block's multipliers and bias."""
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
-    Dp, Hp, Wp = (v - 1 + o for v, o in zip((D, H, W), output_padding))
+    Dp, Hp, Wv = (v - 1 + o for v, o in zip((D, H, W), output_padding))
+    Wp = pooled_row_width(Wv)  # rows over a padded width, see _positions
     n_pos = N * Dp * Hp * Wp
+    if isinstance(n_pos, int) and n_pos >= 2**31:
+        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
     with_offsets = selected is not None
     split3 = precision == "3xtf32"
     if w_packed.numel() >= 2**31:  # weight offsets are int32 in the kernel
@@ -318,7 +321,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
             x, w_packed, bias if bias is not None else mult, mult, out,
             selected if with_offsets else out, offsets if with_offsets else out,
             float(s1), float(s2),
-            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv,
             *x.stride(), *out.stride(),
             CIN_P=cin_p, CK=min(ck, cin_p), BNC=bnc, HAS_BIAS=bias is not None, WITH_OFFSETS=with_offsets,
             IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
-from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, round_tf32
+from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, pooled_row_width, round_tf32
 # The per-phase epilogue with max_pool3d's running selection, and its stores, shared with the phase-split GEMM.
 from ._conv_post_pool_phase_gemm_triton import _mono_finish, _mono_setup, _select_phase, _store_selection
 
@@ -129,7 +129,7 @@ def _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh
 def _conv_t3d_post_pool_kernel(
     x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_ptr,
     s1, s2,
-    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+    n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv,
     sxn, sxc, sxd, sxh, sxw,
     son, soc, sod, soh, sow,
     sb, sm,
@@ -147,7 +147,7 @@ def _conv_t3d_post_pool_kernel(
     pid_n = tl.program_id(1)
     io_dtype = out_ptr.dtype.element_ty
 
-    row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, sxn, sxd, sxh, sxw)
+    row_ok, n, qd, qh, qw, x_base = _positions(pid_m, BM, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sxw)
 
     cn = pid_n * BN + tl.arange(0, BN)
     cn_ok = cn < Cout
@@ -358,8 +358,9 @@ def check_kernel_args(x, weight, bias, multiplier_1d, output_padding) -> None:
     if N > 0 and Cin > 0 and min(D, H, W) == 0:
         raise ValueError(f"input spatial dims must be non-empty, got shape {list(x.shape)}")
     op = _as3(output_padding)
-    n_pos = N * (D - 1 + op[0]) * (H - 1 + op[1]) * (W - 1 + op[2])
-    if n_pos >= 2**31:  # positions are int32 in the kernels (addresses are int64)
+    # Positions are int32 in the kernels (addresses are int64), counted over rows padded to a multiple of 16.
+    n_pos = N * (D - 1 + op[0]) * (H - 1 + op[1]) * pooled_row_width(W - 1 + op[2])
+    if n_pos >= 2**31:
         raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
 
 
@@ -384,8 +385,8 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     mult = multiplier_1d.reshape(Cout)
     op = _as3(output_padding)
 
-    Dp, Hp, Wp = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
-    shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wp, 0))
+    Dp, Hp, Wv = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
+    shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wv, 0))
     fmt = _geometry.output_memory_format(x)  # the layout the op's fake impl reports
     out = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
     if with_offsets:
@@ -395,7 +396,10 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     if out.numel() == 0:
         return result
 
+    Wp = pooled_row_width(Wv)  # rows over a padded width, see _positions
     n_pos = N * Dp * Hp * Wp
+    if isinstance(n_pos, int) and n_pos >= 2**31:
+        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
     # Channel counts size the program's tiles: under dynamic-shape tracing int() specialises them (the weight's
     # shape fixes them anyway), while the batch and spatial sizes stay symbolic.
     cin_p = _pow2_at_least(int(Cin), 16)
@@ -425,7 +429,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
         (kernel_wrapper or (lambda k: k))(_kernel)[grid](
             x, w_packed, b_arg, mult, out, sel_arg, off_arg,
             float(negative_slope), float(negative_slope2),
-            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp,
+            n_pos, Cin, Cout, D, H, W, Dp, Hp, Wp, Wv,
             *x.stride(),
             *out.stride(),
             sb, mult.stride(0),
