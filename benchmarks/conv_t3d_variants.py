@@ -60,6 +60,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dhw", default="16,32,32",
+                    help="input D,H,W (pooled output: D,H,W with output_padding 1); e.g. 16,31,31 for a pooled "
+                         "width that is not a multiple of 16")
     ap.add_argument("--kernels", default="ref,t1,gemm,phase,shipped",
                     help="comma list: ref (cuDNN, eager), t1 (phase-exact, with its launcher), t1k (phase-exact "
                          "kernel alone, exact and monotone), gemm (packed; gemm1: first config only), "
@@ -71,7 +74,8 @@ def main():
     dev = "cuda"
     n = args.batch
     op = [1, 1, 1]
-    x32 = torch.randn(n, 16, 16, 32, 32, device=dev)
+    dhw = [int(v) for v in args.dhw.split(",")]
+    x32 = torch.randn(n, 16, *dhw, device=dev)
     w32 = torch.randn(16, 32, 3, 3, 3, device=dev) / math.sqrt(16 * 27) * 2
     b32 = torch.randn(32, device=dev) * 0.1
     m32 = torch.randn(32, device=dev)
@@ -169,7 +173,7 @@ def main():
     for dt, tf32 in ((torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
         xs, ws, bs, ms = (t.to(dt) for t in (x32, w32, b32, m32))
         tag = "tf32" if (dt == torch.float32 and tf32) else ("fp32" if dt == torch.float32 else "bf16")
-        out = torch.empty(n, 32, 16, 32, 32, device=dev, dtype=dt)
+        out = torch.empty(n, 32, *dhw, device=dev, dtype=dt)
         # "gemm1": only the first config of each dtype (the shipped one), for a same-run comparison.
         gemm_rows = configs[tag] if "gemm" in kernels else configs[tag][:1] if "gemm1" in kernels else ()
         for bm, bk, nw, ns, kmajor, round_a in gemm_rows:
@@ -199,7 +203,7 @@ def main():
         except Exception as e:  # noqa: BLE001
             add("shipped inference launch", tag, float("nan"), float("nan"), "FAIL " + str(e)[:80])
 
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {n}\n")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {n}, input D,H,W {dhw}\n")
     print("| kernel / config | dtype | median us | rel. L2 error vs float64 | note |")
     print("| --- | --- | ---: | ---: | --- |")
     for name, dt, us, err, note in rows:
