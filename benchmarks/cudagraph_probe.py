@@ -42,7 +42,9 @@ def main():
                             call(fn)
                     print(f"{label}: CUDA graphs applied")
                 except Exception as e:  # noqa: BLE001
-                    print(f"{label}: SKIPPED: {str(e).strip().splitlines()[-1][:300]}")
+                    # Dynamo wraps the backend's error and appends hints: keep the lines that name the reason.
+                    lines = [ln for ln in str(e).splitlines() if "cudagraph" in ln.lower() or "due to" in ln]
+                    print(f"{label}: SKIPPED: {' | '.join(lines)[:600] if lines else str(e)[:600]}")
                 torch._dynamo.reset()
                 skips = counters["inductor"]["cudagraph_skips"]
                 with torch._inductor.config.patch({"fx_graph_cache": False}):
