@@ -145,30 +145,57 @@ def _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, 
 
 
 @triton.jit
-def _mono_setup(mult, bias, cn_ok, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    # The monotone form (see _phase_tile): which channels break monotonicity (a multiplier of 0, +-inf or NaN, or
-    # a non-finite bias), whether this block holds one, the per-channel sign flip, and the running extreme.
-    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
-    if HAS_BIAS:
-        bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
-    bad = bad & cn_ok
-    any_bad = tl.sum(bad.to(tl.int32), 0) > 0
-    sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
-    ext = tl.full([BM, BN], float("-inf"), tl.float32)
-    return bad, any_bad, sgn, ext
+def _pool_init(mult, bias, cn_ok, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MONO: tl.constexpr):
+    # The pooling state of a [BM, BN] tile: max_pool3d's running selection (best, sel, off) and, for the monotone
+    # form (see _phase_tile), the channels that break monotonicity (a multiplier of 0, +-inf or NaN, or a
+    # non-finite bias), whether this block holds one, the per-channel sign flip and the running extreme.
+    best = tl.full([BM, BN], float("-inf"), tl.float32)
+    sel = tl.zeros([BM, BN], dtype=tl.float32)
+    off = tl.zeros([BM, BN], dtype=tl.int32)
+    if MONO:
+        bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+        if HAS_BIAS:
+            bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
+        bad = bad & cn_ok
+        any_bad = tl.sum(bad.to(tl.int32), 0) > 0
+        sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
+        ext = tl.full([BM, BN], float("-inf"), tl.float32)
+    else:
+        bad, any_bad, sgn, ext = cn_ok, False, mult, best  # unused without MONO
+    return best, sel, off, bad, any_bad, sgn, ext
 
 
 @triton.jit
-def _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS: tl.constexpr, IS_HALF: tl.constexpr,
-                 IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
-    # The epilogue of the extreme conv output, once; channels that broke monotonicity take the exact selection.
-    y = ext * sgn
-    if HAS_BIAS:
-        y = y + bias[None, :]
-    if IS_HALF:
-        y = _round_to_io(y, IO_DTYPE, SOFT_BF16)
-    v = tl.where(y > 0, y, y * s1) * mult[None, :]
-    return tl.where(bad[None, :], best, tl.where(v > 0, v, v * s2))
+def _pool_step(acc, p: tl.constexpr, best, sel, off, ext, sgn, any_bad, bias, mult, s1, s2, HAS_BIAS: tl.constexpr,
+               IS_HALF: tl.constexpr, IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr, MONO: tl.constexpr):
+    # Phase p into the pooling state: one NaN-propagating max of the sign-flipped accumulator (monotone form;
+    # blocks with a breaking channel also keep the exact selection), or the exact selection.
+    if MONO:
+        ext = tl.maximum(ext, acc * sgn, propagate_nan=tl.PropagateNan.ALL)
+        if any_bad:
+            # (the selection outputs are not wanted here: new names keep them out of the branch's results)
+            best, _sel, _off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, IO_DTYPE,
+                                             SOFT_BF16)
+    else:
+        best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, IO_DTYPE,
+                                       SOFT_BF16)
+    return best, sel, off, ext
+
+
+@triton.jit
+def _pool_result(best, ext, sgn, bad, bias, mult, s1, s2, HAS_BIAS: tl.constexpr, IS_HALF: tl.constexpr,
+                 IO_DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr, MONO: tl.constexpr):
+    # The pooled values: monotone form, the epilogue of the extreme conv output once (channels that broke
+    # monotonicity take the exact selection); exact form, the selection itself.
+    if MONO:
+        y = ext * sgn
+        if HAS_BIAS:
+            y = y + bias[None, :]
+        if IS_HALF:
+            y = _round_to_io(y, IO_DTYPE, SOFT_BF16)
+        v = tl.where(y > 0, y, y * s1) * mult[None, :]
+        best = tl.where(bad[None, :], best, tl.where(v > 0, v, v * s2))
+    return best
 
 
 @triton.jit
@@ -197,26 +224,14 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     W_SMALL: tl.constexpr = 27 * CIN_P * BNC
     wp = w_ptr + pid_n * (W_SMALL * (2 if SPLIT3 else 1))
 
-    best = tl.full([BM, BNC], float("-inf"), tl.float32)
-    sel = tl.zeros([BM, BNC], dtype=tl.float32)
-    off = tl.zeros([BM, BNC], dtype=tl.int32)
-    if MONO:
-        bad, any_bad, sgn, ext = _mono_setup(mult, bias, cn_ok, HAS_BIAS, BM, BNC)
+    best, sel, off, bad, any_bad, sgn, ext = _pool_init(mult, bias, cn_ok, HAS_BIAS, BM, BNC, MONO)
     for p in tl.static_range(8):
         acc = _phase_product(x_ptr, wp, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, sxd, sxh, sxw, wn, p, CIN_P,
                              CK, BNC, BM, IS_FP32, PRECISION, ROUND_A, USE_ASM, SOFT_BF16, W_KMAJOR, SPLIT3, W_SMALL)
         wp += (CIN_P << ((p & 1) + ((p >> 1) & 1) + ((p >> 2) & 1))) * BNC
-        if MONO:
-            ext = tl.maximum(ext, acc * sgn, propagate_nan=tl.PropagateNan.ALL)
-            if any_bad:
-                # (the selection outputs are not wanted here: new names keep them out of the branch's results)
-                best, _sel, _off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF,
-                                                 io_dtype, SOFT_BF16)
-        else:
-            best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
-                                           SOFT_BF16)
-    if MONO:
-        best = _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16)
+        best, sel, off, ext = _pool_step(acc, p, best, sel, off, ext, sgn, any_bad, bias, mult, s1, s2, HAS_BIAS,
+                                         IS_HALF, io_dtype, SOFT_BF16, MONO)
+    best = _pool_result(best, ext, sgn, bad, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16, MONO)
     _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
                      sow, WITH_OFFSETS, SOFT_BF16)
 

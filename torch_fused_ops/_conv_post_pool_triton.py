@@ -28,7 +28,7 @@ from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
 from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, pooled_row_width, round_tf32
 # The per-phase epilogue with max_pool3d's running selection, and its stores, shared with the phase-split GEMM.
-from ._conv_post_pool_phase_gemm_triton import _mono_finish, _mono_setup, _select_phase, _store_selection
+from ._conv_post_pool_phase_gemm_triton import _pool_init, _pool_result, _pool_step, _store_selection
 
 __all__ = ["check_kernel_args", "conv_transpose3d_post_pool_triton", "fused_path_applies", "last_config"]
 
@@ -181,13 +181,9 @@ def _conv_t3d_post_pool_kernel(
             x110 = _round_tf32(x110, USE_ASM)
             x111 = _round_tf32(x111, USE_ASM)
 
-    best = tl.full([BM, BN], float("-inf"), tl.float32)
-    sel = tl.zeros([BM, BN], dtype=tl.float32)
-    off = tl.zeros([BM, BN], dtype=tl.int32)
-    if MONO:
-        # The monotone form, as in the phase-split GEMM (_phase_tile there says why it is exact): one max per
-        # phase; a channel block whose multiplier or bias breaks monotonicity also runs the exact selection.
-        bad, any_bad, sgn, ext = _mono_setup(mult, bias, cn_ok, HAS_BIAS, BM, BN)
+    # MONO: the monotone form, as in the phase-split GEMM (_phase_tile there says why it is exact): one max per
+    # phase; a channel block whose multiplier or bias breaks monotonicity also runs the exact selection.
+    best, sel, off, bad, any_bad, sgn, ext = _pool_init(mult, bias, cn_ok, HAS_BIAS, BM, BN, MONO)
     # Phase p = pd*4 + ph*2 + pw is also max_pool3d's scan order within the window (d-major), which the
     # selection below relies on for ties and NaNs.
     for p in tl.static_range(8):
@@ -198,16 +194,9 @@ def _conv_t3d_post_pool_kernel(
             acc = _phase_acc_chunked(x_ptr, x_base, qd, qh, qw, row_ok, D, H, W, sxc, sxd, sxh, sxw, Cin, w_ptr, cn,
                                      p // 4, (p // 2) % 2, p % 2, CIN_P, COUT_P, BK, BM, BN, IS_FP32, PRECISION,
                                      SOFT_BF16, ROUND_TF32, USE_ASM)
-        if MONO:
-            ext = tl.maximum(ext, acc * sgn, propagate_nan=tl.PropagateNan.ALL)
-            if any_bad:
-                best, _sel, _off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF,
-                                                 io_dtype, SOFT_BF16)
-        else:
-            best, sel, off = _select_phase(acc, p, best, sel, off, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype,
-                                           SOFT_BF16)
-    if MONO:
-        best = _mono_finish(ext, sgn, bad, best, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16)
+        best, sel, off, ext = _pool_step(acc, p, best, sel, off, ext, sgn, any_bad, bias, mult, s1, s2, HAS_BIAS,
+                                         IS_HALF, io_dtype, SOFT_BF16, MONO)
+    best = _pool_result(best, ext, sgn, bad, bias, mult, s1, s2, HAS_BIAS, IS_HALF, io_dtype, SOFT_BF16, MONO)
     _store_selection(best, sel, off, n, qd, qh, qw, cn, row_ok, cn_ok, out_ptr, sel_ptr, off_ptr, son, soc, sod, soh,
                      sow, WITH_OFFSETS, SOFT_BF16)
 
