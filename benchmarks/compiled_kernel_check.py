@@ -63,9 +63,9 @@ def show(title, fn, rows):
 
 def cubin_report():
     cache = os.environ["TRITON_CACHE_DIR"]
-    import triton
+    from triton_resources import _cuobjdump  # this script's folder is on sys.path when run as a script
 
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    cuobjdump = _cuobjdump()
     print(f"\n== cubins in {cache}")
     for cubin in sorted(glob.glob(os.path.join(cache, "*", "*.cubin"))):
         name = os.path.basename(cubin)[:-6]

@@ -344,3 +344,20 @@ def grad_multiplier_tol(x, grad_out, dtype):
     eps = {torch.float32: 1e-6, torch.float64: 1e-13}[dtype]
     scale = max(1.0, float(grad_out.abs().sum()) * max(1.0, float(x.abs().max())) / max(1, x.shape[1]))
     return dict(rtol=1e-4 if dtype == torch.float32 else 1e-10, atol=eps * scale)
+
+
+def launch_recorder():
+    """(kernel_wrapper, seen): a ``kernel_wrapper`` for the Triton launchers that launches the kernel as given and
+    records the keyword arguments (constexprs included) of its last launch in the dict ``seen``."""
+    seen = {}
+
+    def wrap(kernel):
+        class Grid:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen.update(kwargs)
+                    return kernel[grid](*args, **kwargs)
+                return launch
+        return Grid()
+
+    return wrap, seen

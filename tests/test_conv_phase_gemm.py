@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from fused_testing import launch_recorder
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before import to run the Triton interpreter on CPU",
@@ -193,19 +194,9 @@ def test_monotone_form_falls_back_per_channel_block(breaker):
                                                  (0.2, -0.1, False, False), (0.2, 0.2, True, False)])
 def test_monotone_form_only_where_exact(s1, s2, offsets, want):
     # The launcher asks for the monotone form only with both slopes > 0 and no selection outputs.
-    seen = {}
-
-    def capture(kernel):
-        class Grid:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    seen.update(kwargs)
-                    return kernel[grid](*args, **kwargs)
-                return launch
-        return Grid()
-
+    record, seen = launch_recorder()
     x, w, b, m = make(1, 16, 32, (2, 3, 4), torch.float32, seed=2)
-    run(x, w, b, m, [1, 1, 1], s1, s2, offsets=offsets, kernel_wrapper=capture)
+    run(x, w, b, m, [1, 1, 1], s1, s2, offsets=offsets, kernel_wrapper=record)
     assert seen["MONO"] is want
 
 

@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from fused_testing import launch_recorder
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 set before import to run the Triton interpreter on CPU",
@@ -387,19 +388,9 @@ def test_monotone_form(monkeypatch, dtype, breaker):
 @pytest.mark.parametrize("s1,s2,offsets,want", [(0.2, 0.2, False, True), (0.0, 0.2, False, False),
                                                  (0.2, -0.1, False, False), (0.2, 0.2, True, False)])
 def test_monotone_form_only_where_exact(s1, s2, offsets, want):
-    seen = {}
-
-    def capture(kernel):
-        class Grid:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    seen.update(kwargs)
-                    return kernel[grid](*args, **kwargs)
-                return launch
-        return Grid()
-
+    record, seen = launch_recorder()
     x, w, b, m = make_case(1, 4, 5, (2, 3, 2))
-    cpt.conv_transpose3d_post_pool_triton(x, w, b, m, s1, s2, (1, 1, 1), False, offsets, kernel_wrapper=capture,
+    cpt.conv_transpose3d_post_pool_triton(x, w, b, m, s1, s2, (1, 1, 1), False, offsets, kernel_wrapper=record,
                                           mono=True)
     assert seen["MONO"] is want
 

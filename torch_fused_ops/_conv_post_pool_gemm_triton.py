@@ -164,7 +164,7 @@ def _positions(pid_m, BM: tl.constexpr, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sx
     # A program's rows: flattened pooled positions (n, qd, qh, qw), qw fastest, so neighbouring rows read
     # neighbouring input columns. int32 positions (the hosts check n_pos < 2**31), int64 addresses; x_base is
     # the offset of each row's neighbour (0, 0, 0).
-    # Rows run over a padded width Wp (pooled_row_width: the pooled width Wv rounded up to a multiple of 16);
+    # Rows run over a padded width Wp (pooled_rows: the pooled width Wv rounded up to a multiple of 16);
     # n_pos counts padded positions and the padding rows are masked off. With Wp a multiple of 16, Triton's
     # specialisation tells the compiler that runs of 16 rows are 16 consecutive qw; without it, offline sm_90
     # compiles of the phase-split kernel had 4.6x the instructions and 3.4 KB of spills (Wv = 33, say).
@@ -179,11 +179,24 @@ def _positions(pid_m, BM: tl.constexpr, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sx
     return (rows < n_pos) & (qw < Wv), n, qd, qh, qw, x_base
 
 
-def pooled_row_width(wv):
-    """The padded row width the kernels decompose positions with (see _positions): a multiple of 16 (of 4 under
-    the interpreter, which has no compiler to inform: the same masking, with fewer padding rows to simulate)."""
+def monotone_form(s1, s2, with_offsets=False) -> bool:
+    """Whether a launch may take the monotone form (pool the extreme conv output, the epilogue once): both slopes
+    > 0 (a zero slope turns -inf into NaN per phase) and no selection outputs wanted. The kernels still check
+    each channel block's multiplier and bias."""
+    return bool(s1 > 0 and s2 > 0 and not with_offsets)
+
+
+def pooled_rows(N, D, H, W, output_padding):
+    """The kernels' position grid (see _positions): pooled (Dp, Hp), the row width Wp padded to a multiple of 16
+    (of 4 under the interpreter, which has no compiler to inform: the same masking, fewer padding rows to
+    simulate), the pooled width Wv, and n_pos = N * Dp * Hp * Wp, which must fit int32 (checked when static)."""
+    Dp, Hp, Wv = (v - 1 + o for v, o in zip((D, H, W), output_padding))
     pad = 4 if _INTERPRET else 16
-    return (wv + pad - 1) // pad * pad
+    Wp = (Wv + pad - 1) // pad * pad
+    n_pos = N * Dp * Hp * Wp
+    if isinstance(n_pos, int) and n_pos >= 2**31:
+        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
+    return Dp, Hp, Wp, Wv, n_pos
 
 
 # What _packed_gemm accumulates (see the kernel's non-finite correction).
@@ -455,11 +468,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     """
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
-    Dp, Hp, Wv = (v - 1 + o for v, o in zip((D, H, W), output_padding))
-    Wp = pooled_row_width(Wv)  # rows over a padded width, see _positions
-    n_pos = N * Dp * Hp * Wp
-    if isinstance(n_pos, int) and n_pos >= 2**31:
-        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
+    Dp, Hp, Wp, Wv, n_pos = pooled_rows(N, D, H, W, output_padding)
     cin_p = w_packed.shape[2 if kmajor else 1] // 8
     bnc = w_packed.shape[1 if kmajor else 2] // 8
     wrap = kernel_wrapper or (lambda k: k)
@@ -467,7 +476,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     # One flag per tile: the first launch marks tiles with a non-finite result, the second recomputes only those
     # (see the kernel).
     flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
-    args = dict(CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=bool(s1 > 0 and s2 > 0),
+    args = dict(CIN_P=cin_p, BNC=bnc, HAS_BIAS=bias is not None, MONO=monotone_form(s1, s2),
                 IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
                 PRECISION="tf32" if tf32 else "ieee", ROUND_A=bool(tf32 if round_a is None else round_a),
                 USE_ASM=bool(not _INTERPRET if use_asm is None else use_asm),

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._conv_post_pool_gemm_triton import (_INTERPRET, _channel_params, _dot, _positions, _round_tf32, _round_to_io,
-                                          _to_io, pooled_row_width, round_tf32)
+                                          _to_io, monotone_form, pooled_rows, round_tf32)
 
 __all__ = ["launch", "pack_weight", "phase_taps"]
 
@@ -320,11 +320,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
     channel block's multipliers and bias."""
     N, Cin, D, H, W = x.shape
     Cout = out.shape[1]
-    Dp, Hp, Wv = (v - 1 + o for v, o in zip((D, H, W), output_padding))
-    Wp = pooled_row_width(Wv)  # rows over a padded width, see _positions
-    n_pos = N * Dp * Hp * Wp
-    if isinstance(n_pos, int) and n_pos >= 2**31:
-        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
+    Dp, Hp, Wp, Wv, n_pos = pooled_rows(N, D, H, W, output_padding)
     with_offsets = selected is not None
     split3 = precision == "3xtf32"
     if w_packed.numel() >= 2**31:  # weight offsets are int32 in the kernel
@@ -342,7 +338,7 @@ def launch(x, w_packed, bias, mult, s1, s2, out, output_padding, *, tf32, kmajor
             IS_FP32=x.dtype == torch.float32, IS_HALF=x.dtype != torch.float32,
             PRECISION="tf32" if split3 else (precision or ("tf32" if tf32 else "ieee")), ROUND_A=bool(tf32),
             USE_ASM=not _INTERPRET, SOFT_BF16=_INTERPRET and x.dtype == torch.bfloat16, W_KMAJOR=bool(kmajor),
-            SPLIT3=split3, BM=bm, MONO=bool(mono and not with_offsets and s1 > 0 and s2 > 0),
+            SPLIT3=split3, BM=bm, MONO=mono and monotone_form(s1, s2, with_offsets),
             num_warps=num_warps, num_stages=num_stages,
         )
     return out

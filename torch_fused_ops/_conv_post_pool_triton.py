@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import _geometry
 # Shared device helpers (dot with the interpreter's bf16 workaround, rounding to the I/O dtype and to TF32).
-from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, pooled_row_width, round_tf32
+from ._conv_post_pool_gemm_triton import _dot, _positions, _round_tf32, monotone_form, pooled_rows, round_tf32
 # The per-phase epilogue with max_pool3d's running selection, and its stores, shared with the phase-split GEMM.
 from ._conv_post_pool_phase_gemm_triton import _pool_init, _pool_result, _pool_step, _store_selection
 
@@ -347,10 +347,7 @@ def check_kernel_args(x, weight, bias, multiplier_1d, output_padding) -> None:
     if N > 0 and Cin > 0 and min(D, H, W) == 0:
         raise ValueError(f"input spatial dims must be non-empty, got shape {list(x.shape)}")
     op = _as3(output_padding)
-    # Positions are int32 in the kernels (addresses are int64), counted over rows padded to a multiple of 16.
-    n_pos = N * (D - 1 + op[0]) * (H - 1 + op[1]) * pooled_row_width(W - 1 + op[2])
-    if n_pos >= 2**31:
-        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos}")
+    pooled_rows(N, D, H, W, op)  # positions are int32 in the kernels (addresses int64): raises past that
 
 
 def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -385,10 +382,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     if out.numel() == 0:
         return result
 
-    Wp = pooled_row_width(Wv)  # rows over a padded width, see _positions
-    n_pos = N * Dp * Hp * Wp
-    if isinstance(n_pos, int) and n_pos >= 2**31:
-        raise ValueError(f"too many pooled positions for int32 indexing: {n_pos} (rows padded to {Wp})")
+    Dp, Hp, Wp, Wv, n_pos = pooled_rows(N, D, H, W, op)
     # Channel counts size the program's tiles: under dynamic-shape tracing int() specialises them (the weight's
     # shape fixes them anyway), while the batch and spatial sizes stay symbolic.
     cin_p = _pow2_at_least(int(Cin), 16)
@@ -425,7 +419,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
             CIN_P=cin_p, COUT_P=cout_p, BK=bk, BN=bn,
             HAS_BIAS=bias is not None, WITH_OFFSETS=bool(with_offsets), IS_FP32=is_fp32,
             IS_HALF=not is_fp32, PRECISION=precision, SOFT_BF16=soft_bf16, ROUND_TF32=tf32, USE_ASM=not _INTERPRET,
-            MONO=bool(mono and not with_offsets and negative_slope > 0 and negative_slope2 > 0), **launch,
+            MONO=bool(mono) and monotone_form(negative_slope, negative_slope2, with_offsets), **launch,
         )
     return result
 
