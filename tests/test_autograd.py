@@ -382,9 +382,11 @@ def test_multiplier_grad_ignores_unselected_nonfinite_inputs():
 
 
 # Shapes that take each branch of the CUDA backward fast path: contiguous with a pooled plane that is a multiple
-# of 32 packs (per-warp reduction) or not; channels_last with 32 % (C / VEC) == 0 (per-warp) or not (C = 12);
-# and an odd width that leaves the fast path. All against eager autograd.
-BACKWARD_PATH_SHAPES = [(2, 8, 8, 16, 16), (2, 6, 4, 6, 12), (1, 12, 4, 6, 8), (2, 32, 4, 4, 8), (1, 4, 4, 6, 10)]
+# of 32 packs (per-warp reduction) or not; channels_last with 256 % (C / VEC) == 0 (per-block partials) or not
+# (C = 12), with whole blocks and with a last block part-filled (3x16x6x10x14: several blocks and a tail at any
+# packs-per-thread setting); and an odd width that leaves the fast path. All against eager autograd.
+BACKWARD_PATH_SHAPES = [(2, 8, 8, 16, 16), (2, 6, 4, 6, 12), (1, 12, 4, 6, 8), (2, 32, 4, 4, 8), (1, 4, 4, 6, 10),
+                        (3, 16, 6, 10, 14)]
 
 
 @pytest.mark.parametrize("shape", BACKWARD_PATH_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -413,8 +415,9 @@ def test_grads_2x2x2_backward_paths(device, layout, dtype, shape):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's per-channel reduction")
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_grad_multiplier_is_deterministic_on_cuda(layout):
-    # The multiplier gradient sums per-warp partials in a fixed order (no atomics): repeated calls agree bit for
-    # bit. Large enough that the channels_last reduction takes its two-launch form.
+    # The multiplier gradient sums per-warp (contiguous) or per-block (channels_last) partials in a fixed order
+    # (no atomics): repeated calls agree bit for bit. Large enough that the channels_last reduction takes its
+    # two-launch form.
     x = make_input((4, 16, 32, 64, 64), torch.float32, "cuda", layout, seed=3)
     m = make_multiplier("C111", 16, torch.float32, "cuda")
     cfg = POOL_CONFIGS["k2s2"]
@@ -424,3 +427,43 @@ def test_grad_multiplier_is_deterministic_on_cuda(layout):
         assert_bitwise_equal(op_grads(x, m, g, cfg)[2], first, "grad_multiplier")
     _, _, gm_e = eager_grads(x.double(), m.double(), g.double(), cfg)
     torch.testing.assert_close(first.double(), gm_e, **grad_multiplier_tol(x, g, torch.float32))
+
+
+_ITEMS_CHILD = """
+import sys, torch, torch_fused_ops
+sys.path.insert(0, sys.argv[1])
+from fused_testing import GRAD_TOL_LOW, POOL_CONFIGS, assert_bitwise_equal, eager_grads, grad_multiplier_tol
+from fused_testing import make_input, make_multiplier
+from test_autograd import grad_output_for, op_grads
+for dtype in (torch.float32, torch.bfloat16):
+    x = make_input((3, 16, 6, 10, 14), dtype, "cuda", "channels_last", seed=52)
+    m = make_multiplier("C111", 16, dtype, "cuda")
+    cfg = POOL_CONFIGS["k2s2"]
+    g = grad_output_for(x, m, cfg, seed=6)
+    _, gx, gm = op_grads(x, m, g, cfg)
+    _, gx_e, gm_e = eager_grads(x.double(), m.double(), g.double(), cfg)
+    if dtype == torch.float32:
+        assert_bitwise_equal(gx, eager_grads(x, m, g, cfg, 0.2, None)[1], "grad_input")
+        torch.testing.assert_close(gm.double(), gm_e, **grad_multiplier_tol(x, g, dtype))
+    else:
+        tol = GRAD_TOL_LOW[dtype]
+        torch.testing.assert_close(gx.double(), gx_e, **tol)
+        torch.testing.assert_close(gm.double(), gm_e, rtol=tol["rtol"], atol=tol["atol"] * 10)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA channels_last backward's packs-per-thread setting")
+@pytest.mark.parametrize("items", ["1", "2", "4", "8", "3"])
+def test_channels_last_backward_items_setting(items):
+    # TORCH_FUSED_OPS_CL_BWD_ITEMS (read once per process, so a child process each) picks how many packs each
+    # thread of the channels_last backward takes; every value gives eager's gradients, and an unsupported one
+    # ("3") falls back to the default rather than failing.
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items)
+    r = subprocess.run([sys.executable, "-c", _ITEMS_CHILD, here], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

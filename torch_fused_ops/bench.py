@@ -65,7 +65,9 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     k = _copies(in_numel * es, device)
     xs = [torch.randn(shape, device=device, dtype=dtype).contiguous(memory_format=fmt) for _ in range(k)]
     m = torch.randn(C, 1, 1, 1, device=device, dtype=dtype)
-    g = torch.randn(N, C, D // 2, H // 2, W // 2, device=device, dtype=dtype)
+    # The gradient arrives in the layout of the output it belongs to, as autograd hands it over in a model that
+    # keeps one layout (max_pool3d's output follows its input's layout). Every implementation gets this tensor.
+    g = torch.randn(N, C, D // 2, H // 2, W // 2, device=device, dtype=dtype).contiguous(memory_format=fmt)
     floors = {
         "forward": in_numel * es + out_numel * es,
         # backward: grad_output, selected value and one-byte offset read; full-resolution grad_input written

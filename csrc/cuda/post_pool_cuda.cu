@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -28,6 +29,7 @@ namespace fused {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kClBackwardItems = 2;  // see cl_backward_items()
 
 // Enough blocks to fill the GPU several times over; the grid-stride loops cover the rest.
 int64_t num_blocks(int64_t work) {
@@ -500,65 +502,91 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kern
   }
 }
 
-template <typename scalar_t, typename index_t, bool WARP>
+// channels_last: each thread takes ITEMS packs, kThreads apart (so a warp's loads and stores stay coalesced),
+// loads them all before computing (ITEMS independent loads in flight per thread). With BLOCK (kThreads % Cv == 0,
+// host-checked) every pack a thread takes holds the same VEC channels, and the block folds its partials into one
+// row of C per block in a fixed order: [blocks, C] partials instead of one row per warp (8x, or 8*ITEMS x, fewer
+// to write and to sum). Without BLOCK, ITEMS is 1 and every pack writes its own VEC partials.
+template <typename scalar_t, typename index_t, int ITEMS, bool BLOCK>
 __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kernel(
     const BwdArgs<scalar_t> a, index_t total, index_t Cv, index_t C, index_t OW, index_t OH) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>() * 2;
+  static_assert(BLOCK || ITEMS == 1, "per-pack partials take one pack per thread");
   const index_t sw = C, sh = 2 * OW * C, sd = 4 * OH * OW * C;
-  const index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const index_t first = static_cast<index_t>(blockIdx.x) * (kThreads * ITEMS) + threadIdx.x;
   acc_t cm_sum[VEC], cb_sum[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) cm_sum[j] = cb_sum[j] = acc_t(0);
-  if (p < total) {
-    const index_t pos = p / Cv;  // (n, od, oh, ow)
-    const index_t c = (p - pos * Cv) * VEC;
-    const index_t bq = pos / OW;  // (n, od, oh)
-    const index_t ow = pos - bq * OW;
-    const index_t aq = bq / OH;   // (n, od)
-    const index_t base = (4 * OW * (aq * OH + bq) + 2 * ow) * C + c;
-    const auto go = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
-    const auto sel = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
-    const auto off = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
-    scalar_t gx[VEC];
+  Pack<scalar_t, VEC> go[ITEMS], sel[ITEMS];
+  Pack<uint8_t, VEC> off[ITEMS];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const acc_t m = static_cast<acc_t>(a.mflat[a.per_channel ? c + j : 0]);
-      const acc_t b = a.bias != nullptr ? static_cast<acc_t>(a.bias[c + j]) : acc_t(0);
-      grad_pair(a, go.v[j], sel.v[j], m, b, gx[j], cm_sum[j], cb_sum[j]);
+  for (int it = 0; it < ITEMS; ++it) {
+    const index_t p = first + it * kThreads;
+    if (p < total) {
+      go[it] = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
+      sel[it] = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
+      off[it] = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
     }
+  }
+  // The same channels for every item (BLOCK), so their multiplier and bias are loaded once.
+  const index_t c = (first % Cv) * VEC;
+  acc_t m[VEC], b[VEC];
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      Pack<scalar_t, VEC> r;
+  for (int j = 0; j < VEC; ++j) {
+    m[j] = static_cast<acc_t>(a.mflat[a.per_channel ? c + j : 0]);
+    b[j] = a.bias != nullptr ? static_cast<acc_t>(a.bias[c + j]) : acc_t(0);
+  }
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) r.v[j] = off.v[j] == t ? gx[j] : scalar_t(0);
-      *reinterpret_cast<Pack<scalar_t, VEC>*>(a.gi + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw) = r;
-    }
-    if constexpr (!WARP) {
+  for (int it = 0; it < ITEMS; ++it) {
+    const index_t p = first + it * kThreads;
+    if (p < total) {
+      const index_t pos = p / Cv;  // (n, od, oh, ow)
+      const index_t bq = pos / OW;  // (n, od, oh)
+      const index_t ow = pos - bq * OW;
+      const index_t aq = bq / OH;   // (n, od)
+      const index_t base = (4 * OW * (aq * OH + bq) + 2 * ow) * C + c;
+      scalar_t gx[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        a.contrib[p * VEC + j] = cm_sum[j];
-        if (a.contrib_bias != nullptr) a.contrib_bias[p * VEC + j] = cb_sum[j];
+        acc_t cm, cb;
+        grad_pair(a, go[it].v[j], sel[it].v[j], m[j], b[j], gx[j], cm, cb);
+        cm_sum[j] += cm;
+        cb_sum[j] += cb;
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        Pack<scalar_t, VEC> r;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) r.v[j] = off[it].v[j] == t ? gx[j] : scalar_t(0);
+        *reinterpret_cast<Pack<scalar_t, VEC>*>(a.gi + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw) =
+            r;
+      }
+      if constexpr (!BLOCK) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          a.contrib[p * VEC + j] = cm_sum[j];
+          if (a.contrib_bias != nullptr) a.contrib_bias[p * VEC + j] = cb_sum[j];
+        }
       }
     }
   }
-  if constexpr (WARP) {  // 32 % Cv == 0 and every lane of the warp holds a pack (host-checked)
-    const int from = static_cast<int>(Cv);  // lanes l and l ^ k (k >= Cv) hold the same channels
+  if constexpr (BLOCK) {
+    // Thread t holds channels (t % Cv) * VEC + j; fold the kThreads / Cv threads of each channel in order.
+    __shared__ acc_t red[VEC * kThreads];
+    const int cv = static_cast<int>(Cv), rows = kThreads / cv;
+    for (int operand = 0; operand < (a.contrib_bias != nullptr ? 2 : 1); ++operand) {
+      acc_t* dst = (operand == 0 ? a.contrib : a.contrib_bias) + static_cast<index_t>(blockIdx.x) * C;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      cm_sum[j] = warp_sum_from(cm_sum[j], from);
-      cb_sum[j] = warp_sum_from(cb_sum[j], from);
-    }
-    const int lane = threadIdx.x & 31;
-    if (lane < from && p < total) {
-      acc_t* cm_out = a.contrib + (p / 32) * C + static_cast<index_t>(lane) * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) cm_out[j] = cm_sum[j];
-      if (a.contrib_bias != nullptr) {
-        acc_t* cb_out = a.contrib_bias + (p / 32) * C + static_cast<index_t>(lane) * VEC;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) cb_out[j] = cb_sum[j];
+      for (int j = 0; j < VEC; ++j) red[j * kThreads + threadIdx.x] = operand == 0 ? cm_sum[j] : cb_sum[j];
+      __syncthreads();
+      for (int ch = threadIdx.x; ch < cv * VEC; ch += kThreads) {
+        const int cp = ch / VEC, j = ch - cp * VEC;
+        acc_t s = 0;
+        for (int r = 0; r < rows; ++r) s += red[j * kThreads + r * cv + cp];
+        dst[ch] = s;
       }
+      __syncthreads();
     }
   }
 }
@@ -671,6 +699,18 @@ std::pair<at::Tensor, at::Tensor> sum_channel_partials(const at::Tensor& part, c
   return {out, out_bias};
 }
 
+// Packs per thread of the channels_last backward (1, 2, 4 or 8). TORCH_FUSED_OPS_CL_BWD_ITEMS overrides the default,
+// read once per process, for benchmarks/post_pool_bwd_sweep.py; the value changes the order of the (float)
+// partial sums, never which bits a given setting produces.
+int cl_backward_items() {
+  static const int items = [] {
+    const char* e = std::getenv("TORCH_FUSED_OPS_CL_BWD_ITEMS");
+    const int v = e != nullptr ? std::atoi(e) : kClBackwardItems;
+    return v == 1 || v == 2 || v == 4 || v == 8 ? v : kClBackwardItems;
+  }();
+  return items;
+}
+
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
 // multiplier and bias partials (bias: undefined without one), or nothing when the general path must run.
 template <typename scalar_t>
@@ -697,29 +737,36 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   const int64_t total = g.output_numel() / vec;
   const int64_t plane = g.OD * g.OH * (g.OW / vec);  // packs per (n, c) plane, contiguous layout
   const int64_t Cv = g.C / vec;
-  const bool warp = channels_last ? (32 % Cv == 0 && total % 32 == 0) : plane % 32 == 0;
-  // Partials: contiguous [N, C, R] (R per plane) or channels_last [P, C] (P packs of rows per channel).
-  const int64_t parts = warp ? total / 32 : total;
+  // contiguous: warp partials when each warp's 32 packs lie in one channel plane. channels_last: block partials
+  // when each thread's packs share their channels.
+  const bool warp = channels_last ? kThreads % Cv == 0 : plane % 32 == 0;
+  const int items = channels_last && warp ? cl_backward_items() : 1;
+  const int64_t blocks = (total + kThreads * items - 1) / (kThreads * items);
   const auto acc_opts = go.options().dtype(at::toOpMathType(go.scalar_type())).memory_format(at::MemoryFormat::Contiguous);
-  // Contiguous: partials in (n, c, plane) order, viewed [N, C, R]. channels_last: rows of C channel partials.
-  at::Tensor contrib = at::empty({channels_last ? (warp ? parts * g.C : total * vec) : parts}, acc_opts);
+  // Partials: contiguous [N, C, R] (R per plane); channels_last [blocks, C] (block partials) or [total, vec].
+  const int64_t parts = channels_last ? (warp ? blocks * g.C : total * vec) : (warp ? total / 32 : total);
+  at::Tensor contrib = at::empty({parts}, acc_opts);
   at::Tensor contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
   BwdArgs<scalar_t> a{go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off.const_data_ptr<uint8_t>(),
                       mflat.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
                       grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
                       contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
                       mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2)};
-  const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
   const bool small = g.input_numel() < (int64_t(1) << 31);
   auto go_launch = [&](auto idx) {
     using index_t = decltype(idx);
     if (channels_last) {
-      auto k = warp ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, true>
-                    : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, false>;
+      const dim3 grid(static_cast<unsigned>(blocks));
+      auto k = !warp       ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 1, false>
+               : items == 1 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 1, true>
+               : items == 2 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 2, true>
+               : items == 4 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 4, true>
+                            : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 8, true>;
       k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(Cv),
                                        static_cast<index_t>(g.C), static_cast<index_t>(g.OW),
                                        static_cast<index_t>(g.OH));
     } else {
+      const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
       auto k = warp ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, true>
                     : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, false>;
       k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(g.OW / vec),
