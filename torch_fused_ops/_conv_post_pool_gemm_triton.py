@@ -261,17 +261,21 @@ def _packed_gemm(x_ptr, w_base, x_base, qd, qh, qw, row_ok, D, H, W, Cin, sxc, s
 
 
 @triton.jit
-def _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # Output channels of block pid_n, their mask, multipliers and biases (0 without a bias) in fp32. The
-    # multiplier and bias are contiguous [Cout] tensors here (the launchers make them so).
-    cn = pid_n * BNC + tl.arange(0, BNC)
-    cn_ok = cn < Cout
+def _channel_params(m_ptr, b_ptr, cn, cn_ok, BNC: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Multipliers and biases (0 without a bias) in fp32 of output channels cn. The multiplier and bias are
+    # contiguous [Cout] tensors here (the launchers make them so).
+    #
+    # The callers compute cn themselves: torch's mutation analysis of Triton kernels (triton_op, wrap_triton)
+    # takes every result of a call as derived from all of the call's arguments. Store addresses built from a cn
+    # returned by a call that also received m_ptr and b_ptr marked the multiplier and bias as written, so compiled
+    # graphs cloned the multiplier and copied it back into the caller's parameter after the kernel: a mutated graph
+    # input, which also keeps CUDA graphs from applying (tests/test_conv_mutation_analysis.py).
     mult = tl.load(m_ptr + cn, mask=cn_ok, other=1.0).to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cn, mask=cn_ok, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BNC], dtype=tl.float32)
-    return cn, cn_ok, mult, bias
+    return mult, bias
 
 
 @triton.jit
@@ -281,7 +285,9 @@ def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_pt
     # acc [BM, 8 * BNC]: the 8 conv-output phases of each pooled position (column phase * BNC + channel). Pools
     # them, applies bias and epilogue, and stores the pooled outputs of channels pid_n * BNC + [0, BNC).
     io_dtype = out_ptr.dtype.element_ty
-    cn, cn_ok, mult, bias = _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC, HAS_BIAS)
+    cn = pid_n * BNC + tl.arange(0, BNC)
+    cn_ok = cn < Cout
+    mult, bias = _channel_params(m_ptr, b_ptr, cn, cn_ok, BNC, HAS_BIAS)
     # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
     bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
     ph = tl.reshape(acc, [BM, 8, BNC])

@@ -218,7 +218,9 @@ def _phase_tile(tile, pid_n, x_ptr, w_ptr, b_ptr, m_ptr, out_ptr, sel_ptr, off_p
     io_dtype = out_ptr.dtype.element_ty
     row_ok, n, qd, qh, qw, x_base = _positions(tile, BM, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sxw)
 
-    cn, cn_ok, mult, bias = _channel_params(m_ptr, b_ptr, pid_n, Cout, BNC, HAS_BIAS)
+    cn = pid_n * BNC + tl.arange(0, BNC)
+    cn_ok = cn < Cout
+    mult, bias = _channel_params(m_ptr, b_ptr, cn, cn_ok, BNC, HAS_BIAS)
     wn = tl.arange(0, BNC)
     # Per block of output channels: the packed weight, then (SPLIT3) its TF32 remainder.
     W_SMALL: tl.constexpr = 27 * CIN_P * BNC
