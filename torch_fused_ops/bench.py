@@ -256,6 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help='";"-separated N,C,D,H,W (default: a sweep per device)')
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--no-model", action="store_true", help="skip the whole-Model rows")
+    ap.add_argument("--no-op", action="store_true", help="skip the op-alone rows (whole Model only)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--model-configs", default="fp32",
                     help=f"comma-separated whole-Model configurations: {', '.join(MODEL_CONFIGS)} (default: fp32; "
@@ -269,7 +270,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     _log(f"# device {name}, torch {torch.__version__}, copy bandwidth {bw / 1e9:.0f} GB/s (read+write)")
     rows = []
-    for shape in shapes:
+    for shape in () if args.no_op else shapes:
         for dt in args.dtypes.split(","):
             for lay in args.layouts.split(","):
                 fmt = torch.channels_last_3d if lay == "channels_last_3d" else torch.contiguous_format
@@ -293,7 +294,7 @@ def main(argv=None) -> int:
     path = os.path.join(args.out, f"bench_{device.type}.json")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows, model_rows=model_rows), f, indent=1)
-    png = plot(rows, os.path.join(args.out, f"bench_{device.type}.png"))
+    png = plot(rows, os.path.join(args.out, f"bench_{device.type}.png")) if rows else None
 
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, copy {meta['copy_bandwidth_GBps']:.0f} GB/s\n")
     print("| pass | impl | dtype | layout | shape | median us | floor us | % of floor |")
