@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole CUDA test suite in one device call, then the benchmark. The suite no longer fits the 10-minute call
+# when run serially (the Triton files compile hundreds of kernel variants, one CPU core at a time), so it runs as
+# four concurrent pytest processes sharing the GPU (correctness tests only: nothing here is timed), one per
+# visible GPU when there are several. The benchmark runs after them, alone on an idle machine.
+#   SKIP_BENCH=1            tests only
+#   BENCH_ARGS="..."        arguments of python -m torch_fused_ops.bench (default: the default size, the
+#                           Model configs fp32,bf16,fp32-strict)
+#   TEST_TIMEOUT=s          per shard (default 330)
+#   SKIP_BUILD=1            the extension is already built (a dry run of the script)
+# Logs: $OUT/shard{1..4}.log, $OUT/bench.md, $OUT/summary.txt (the device tool returns at most 8 files).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_final_out}
+T=/tmp/gpu_final_work; mkdir -p "$OUT" "$T"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+summary="$OUT/summary.txt"; : > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l); torch $(python3 -c 'import torch; print(torch.__version__)'); triton $(python3 -c 'import triton; print(triton.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+t0=$SECONDS
+if [ -z "${SKIP_BUILD:-}" ]; then python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1; fi
+rc=$?; note "build rc=$rc after $((SECONDS - t0)) s"
+[ "$rc" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
+
+ngpu=$(nvidia-smi -L | wc -l)
+triton_files="tests/test_conv_post_pool_triton.py tests/test_conv_phase_gemm.py tests/test_conv_infer_op.py"
+compiled_files="tests/test_conv_op.py tests/test_conv_mutation_analysis.py tests/test_pass_e2e.py tests/test_compile_smoke.py"
+ignores=""
+for f in $triton_files $compiled_files; do ignores="$ignores --ignore=$f"; done
+# pytest-xdist, when present, splits the Triton files too (their time is kernel compilation, on the CPU).
+xd() { python3 -c "import xdist" 2>/dev/null && echo "-n $1" || echo ""; }
+shards=(
+  "tests/test_conv_post_pool_triton.py $(xd 3)"
+  "tests/test_conv_phase_gemm.py tests/test_conv_infer_op.py $(xd 3)"
+  "$compiled_files"
+  "tests $ignores -k cuda $(xd 6)"
+)
+if [ -z "${SKIP_TESTS:-}" ]; then
+  t0=$SECONDS
+  pids=()
+  for i in "${!shards[@]}"; do
+    n=$((i + 1))
+    CUDA_VISIBLE_DEVICES=$((i % ngpu)) timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${shards[$i]} -q \
+      -p no:cacheprovider -rfE > "$OUT/shard$n.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    n=$((i + 1))
+    note "shard $n (${shards[$i]:0:90}): rc=$rc: $(tail -1 "$OUT/shard$n.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/shard$n.log" | head -8 | tee -a "$summary"
+  done
+  note "tests took $((SECONDS - t0)) s"
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  t0=$SECONDS
+  timeout ${BENCH_TIMEOUT:-240} python3 -m torch_fused_ops.bench ${BENCH_ARGS:---shapes 16,32,32,64,64 --model-configs fp32,bf16,fp32-strict} \
+    --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
+  note "bench: rc=$? in $((SECONDS - t0)) s"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
+  tail -5 "$T/bench.log" >> "$summary"
+fi
+echo "================ summary ================"; cat "$summary"
