@@ -29,7 +29,6 @@ namespace fused {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kClBackwardItems = 2;  // see cl_backward_items()
 
 // Enough blocks to fill the GPU several times over; the grid-stride loops cover the rest.
 int64_t num_blocks(int64_t work) {
@@ -659,7 +658,15 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
     if (j < s) lanes[t] += lanes[t + s * TC];
     __syncthreads();
   }
-  if (j == 0 && c < C) dst[static_cast<int64_t>(blockIdx.y) * C + c] = static_cast<out_t>(lanes[tc]);
+  if (j == 0 && c < C) {
+    // A 16-bit result goes through float, as .to(dtype) of the float sum would round it; mid-pass sums stay double.
+    const double v = lanes[tc];
+    if constexpr (std::is_same_v<out_t, double>) {
+      dst[static_cast<int64_t>(blockIdx.y) * C + c] = v;
+    } else {
+      dst[static_cast<int64_t>(blockIdx.y) * C + c] = static_cast<out_t>(static_cast<float>(v));
+    }
+  }
 }
 
 template <typename in_t, typename out_t>
@@ -671,44 +678,49 @@ void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Per-channel sums ([C], float) of float partials viewed [K / R, C, R], and of bias partials when defined. One
-// launch when one range per channel suffices (the contiguous fast path at its usual sizes); otherwise a first
-// launch writes double sums per range, [splits, C], and a second folds them.
+// Per-channel sums ([C], of type `out`: float, or the 16-bit dtype of the gradient it becomes, so that no cast
+// kernel follows) of float partials viewed [K / R, C, R], and of bias partials when defined. One launch when one
+// range per channel suffices (the contiguous fast path at its usual sizes); otherwise a first launch writes double
+// sums per range, [splits, C], and a second folds them.
 std::pair<at::Tensor, at::Tensor> sum_channel_partials(const at::Tensor& part, const at::Tensor& part_bias,
-                                                       int64_t C, int64_t R, cudaStream_t stream) {
-  const auto opts = part.options();
+                                                       int64_t C, int64_t R, at::ScalarType out, cudaStream_t stream) {
+  const auto opts = part.options().dtype(out);
   const bool two = part_bias.defined();
   const int64_t K = C > 0 && R > 0 ? part.numel() / C : 0;
   if (K == 0) return {at::zeros({C}, opts), two ? at::zeros({C}, opts) : at::Tensor()};
-  at::Tensor out = at::empty({C}, opts), out_bias = two ? at::empty({C}, opts) : at::Tensor();
-  float* d0 = out.mutable_data_ptr<float>();
-  float* d1 = two ? out_bias.mutable_data_ptr<float>() : nullptr;
+  at::Tensor result = at::empty({C}, opts), result_bias = two ? at::empty({C}, opts) : at::Tensor();
   const float* s0 = part.const_data_ptr<float>();
   const float* s1 = two ? part_bias.const_data_ptr<float>() : nullptr;
   const ChannelSumShape first = channel_sum_shape(C, R, K, kSumMaxSplits);
-  if (first.splits == 1) {
-    launch_channel_sum<float, float>(s0, s1, d0, d1, C, R, K, first, stream);
-  } else {
-    at::Tensor mid = at::empty({two ? 2 : 1, first.splits, C}, opts.dtype(at::kDouble));
-    double* m0 = mid.mutable_data_ptr<double>();
-    double* m1 = two ? m0 + first.splits * C : nullptr;
-    launch_channel_sum<float, double>(s0, s1, m0, m1, C, R, K, first, stream);
-    const ChannelSumShape second = channel_sum_shape(C, 1, first.splits, 1);
-    launch_channel_sum<double, float>(m0, m1, d0, d1, C, 1, first.splits, second, stream);
-  }
-  return {out, out_bias};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out, "fused_post_pool_channel_sum", [&] {
+    scalar_t* d0 = result.mutable_data_ptr<scalar_t>();
+    scalar_t* d1 = two ? result_bias.mutable_data_ptr<scalar_t>() : nullptr;
+    if (first.splits == 1) {
+      launch_channel_sum<float, scalar_t>(s0, s1, d0, d1, C, R, K, first, stream);
+    } else {
+      at::Tensor mid = at::empty({two ? 2 : 1, first.splits, C}, part.options().dtype(at::kDouble));
+      double* m0 = mid.mutable_data_ptr<double>();
+      double* m1 = two ? m0 + first.splits * C : nullptr;
+      launch_channel_sum<float, double>(s0, s1, m0, m1, C, R, K, first, stream);
+      const ChannelSumShape second = channel_sum_shape(C, 1, first.splits, 1);
+      launch_channel_sum<double, scalar_t>(m0, m1, d0, d1, C, 1, first.splits, second, stream);
+    }
+  });
+  return {result, result_bias};
 }
 
-// Packs per thread of the channels_last backward (1, 2, 4 or 8). TORCH_FUSED_OPS_CL_BWD_ITEMS overrides the default,
-// read once per process, for benchmarks/post_pool_bwd_sweep.py; the value changes the order of the (float)
-// partial sums, never which bits a given setting produces.
-int cl_backward_items() {
-  static const int items = [] {
+// Packs per thread of the channels_last backward (1, 2, 4 or 8). Default: the fastest in
+// benchmarks/post_pool_bwd_sweep.py on the H200 (2026-11-29, [16, 32, 32, 64, 64], kernels alone): float32 1 (97.4 us
+// against 100.8 / 101.1 / 98.2 for 2 / 4 / 8), 16-bit types 2 (bfloat16 53.9 us against 55.5 / 59.6 / 56.7).
+// TORCH_FUSED_OPS_CL_BWD_ITEMS overrides it for the sweep, read once per process; the value changes the order of
+// the (float) partial sums, so a given setting always gives the same bits.
+int cl_backward_items(size_t element_size) {
+  static const int forced = [] {
     const char* e = std::getenv("TORCH_FUSED_OPS_CL_BWD_ITEMS");
-    const int v = e != nullptr ? std::atoi(e) : kClBackwardItems;
-    return v == 1 || v == 2 || v == 4 || v == 8 ? v : kClBackwardItems;
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
   }();
-  return items;
+  return forced != 0 ? forced : element_size >= 4 ? 1 : 2;
 }
 
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
@@ -740,7 +752,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   // contiguous: warp partials when each warp's 32 packs lie in one channel plane. channels_last: block partials
   // when each thread's packs share their channels.
   const bool warp = channels_last ? kThreads % Cv == 0 : plane % 32 == 0;
-  const int items = channels_last && warp ? cl_backward_items() : 1;
+  const int items = channels_last && warp ? cl_backward_items(sizeof(scalar_t)) : 1;
   const int64_t blocks = (total + kThreads * items - 1) / (kThreads * items);
   const auto acc_opts = go.options().dtype(at::toOpMathType(go.scalar_type())).memory_format(at::MemoryFormat::Contiguous);
   // Partials: contiguous [N, C, R] (R per plane); channels_last [blocks, C] (block partials) or [total, vec].
@@ -778,7 +790,10 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   };
   small ? go_launch(int32_t{}) : go_launch(int64_t{});
   const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? contrib.numel() / (g.N * g.C) : 0);
-  return sum_channel_partials(contrib, contrib_bias, g.C, R, stream);
+  // Per-channel multiplier gradients come out in the gradient's dtype (no cast kernel after); a one-element
+  // multiplier sums them further, so it takes float.
+  const at::ScalarType out = mflat.numel() == 1 ? at::kFloat : go.scalar_type();
+  return sum_channel_partials(contrib, contrib_bias, g.C, R, out, stream);
   }
 }
 
