@@ -8,7 +8,7 @@
 #                           Model configs fp32,bf16,fp32-strict)
 #   TEST_TIMEOUT=s          per shard (default 330)
 #   SKIP_BUILD=1            the extension is already built (a dry run of the script)
-# Logs: $OUT/shard{1..4}.log, $OUT/bench.md, $OUT/summary.txt (the device tool returns at most 8 files).
+# Logs: $OUT/shard{1..4}.log, $OUT/bench.md (+ bench.log, bench_cuda.json), $OUT/summary.txt (the device tool returns at most 8 files).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_final_out}
 T=/tmp/gpu_final_work; mkdir -p "$OUT" "$T"
@@ -55,8 +55,8 @@ fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   t0=$SECONDS
   timeout ${BENCH_TIMEOUT:-240} python3 -m torch_fused_ops.bench ${BENCH_ARGS:---shapes 16,32,32,64,64 --model-configs fp32,bf16,fp32-strict} \
-    --out "$T" > "$OUT/bench.md" 2> "$T/bench.log"
+    --out "$T" > "$OUT/bench.md" 2> "$OUT/bench.log"  # the log holds every row as it is measured
   note "bench: rc=$? in $((SECONDS - t0)) s"; cat "$OUT/bench.md" >> "$summary"; cp "$T/bench_cuda.json" "$OUT/" 2>/dev/null
-  tail -5 "$T/bench.log" >> "$summary"
+  tail -5 "$OUT/bench.log" >> "$summary"
 fi
 echo "================ summary ================"; cat "$summary"
