@@ -455,7 +455,7 @@ print("ok")
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA channels_last backward's packs-per-thread setting")
 @pytest.mark.parametrize("items", ["1", "2", "4", "8", "3"])
-def test_channels_last_backward_items_setting(items):
+def test_channels_last_backward_items_setting_cuda(items):
     # TORCH_FUSED_OPS_CL_BWD_ITEMS (read once per process, so a child process each) picks how many packs each
     # thread of the channels_last backward takes; every value gives eager's gradients, and an unsupported one
     # ("3") falls back to the default rather than failing.
