@@ -1,6 +1,7 @@
 // CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward, and of their post_pool_bias
 // variants (a per-channel bias added before the first LeakyReLU; scalar paths only, as Inductor keeps conv
 // biases inside the convolution on CPU and so rarely routes here).
+#include "cpu_huge_pages.h"
 #include "post_pool.h"
 #include "post_pool_cpu_simd.h"
 
@@ -350,10 +351,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool 
   const PoolGeometry& g = f.g;
   const auto opts = input.options().memory_format(f.format);
   at::Tensor out = at::empty({g.N, g.C, g.OD, g.OH, g.OW}, opts);
+  advise_huge_pages(out);
   at::Tensor sel, off;
   if (save) {
     sel = at::empty_like(out);
     off = at::empty_like(out, out.options().dtype(g.offset_dtype()));
+    advise_huge_pages(sel);
+    advise_huge_pages(off);
   }
   if (g.empty()) return {out, sel, off};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "fused_post_pool_cpu", [&] {
@@ -503,10 +507,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
+  advise_huge_pages(grad_input);
   const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
   const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
   at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
   at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
+  advise_huge_pages(contrib);
+  advise_huge_pages(contrib_bias);
   if (!g.empty()) {
     const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
     const at::Tensor mflat = flat_multiplier(multiplier);
