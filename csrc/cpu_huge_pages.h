@@ -6,11 +6,17 @@
 // THP_MEM_ALLOC_ENABLE=1, against a 1.4 ms memory floor; docs/notes.md). Linux with transparent huge pages in
 // "madvise" mode (the common default) backs a range with 2 MiB pages only when asked, so the op asks for its own
 // large outputs, which it writes whole. Advice only: a refusal, or a system without THP, changes nothing.
+//
+// The trade-off is THP's usual one: where no free 2 MiB page is at hand, a system whose THP "defrag" setting
+// includes madvise compacts memory inside the fault, a latency spike. TORCH_FUSED_OPS_CPU_HUGE_PAGES=0 turns the
+// advice off (read once per process).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -22,7 +28,11 @@ namespace fused {
 inline void advise_huge_pages(const at::Tensor& t) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t kHugePage = std::uintptr_t(2) << 20;
-  if (!t.defined() || !t.device().is_cpu()) return;
+  static const bool enabled = [] {
+    const char* e = std::getenv("TORCH_FUSED_OPS_CPU_HUGE_PAGES");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  if (!enabled || !t.defined() || !t.device().is_cpu()) return;
   const std::uintptr_t bytes = t.storage().nbytes();
   if (bytes < 2 * kHugePage) return;  // below that, no aligned 2 MiB page is likely to fit inside
   const auto begin = reinterpret_cast<std::uintptr_t>(t.storage().data());
