@@ -153,6 +153,27 @@ def test_packed_gemm_fixup_launch(dtype, tf32):
         check(out, ref, dtype)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_packed_gemm_non_finite_bias(dtype):
+    # An infinite or NaN bias breaks the monotone form: +inf bias plus a -inf conv output is NaN in one phase,
+    # which max_pool3d propagates, while the bias added to the window's largest output is +inf. Such channels
+    # must take the exact selection, as in the phase-split kernel (both kernels share the test of what breaks
+    # monotonicity). Multipliers of both signs, infinite inputs of both signs.
+    x, w, b, m = make(1, 16, 8, (4, 5, 6), dtype, "positive", seed=9)
+    x, b, m = x.clone(), b.clone(), m.clone()
+    m[1::2] = -m[1::2]
+    b[2], b[3], b[4], b[5] = float("inf"), float("inf"), float("-inf"), float("nan")
+    flat = x.view(-1)
+    flat[7], flat[300], flat[1000] = float("-inf"), float("inf"), float("-inf")
+    op = [1, 1, 1]
+    ref = reference(x, w, b, m, 0.2, 0.2, op)
+    out = torch.full(ref.shape, float("nan"), device=DEVICE, dtype=dtype)  # poisoned
+    gemm.conv_transpose3d_post_pool_gemm(x, w, b, m, 0.2, 0.2, op, False, out=out)
+    assert torch.equal(out.cpu().isinf(), ref.isinf())
+    check(out, ref, dtype)
+
+
 @pytest.mark.parametrize("small", [True, False], ids=["few-positions", "many-positions"])
 def test_tf32_kernel_choice_by_size(monkeypatch, small):
     # TF32 takes the phase-split GEMM below _SMALL_POSITIONS and the packed GEMM above: both must be right.

@@ -279,6 +279,17 @@ def _channel_params(m_ptr, b_ptr, cn, cn_ok, BNC: tl.constexpr, HAS_BIAS: tl.con
 
 
 @triton.jit
+def _breaks_monotone(mult, bias, cn_ok, HAS_BIAS: tl.constexpr):
+    # Channels where the monotone form is not exact: a multiplier of 0, +-inf or NaN, or a bias of +-inf or NaN
+    # (+inf bias plus a -inf conv output is NaN in that phase alone, which max_pool3d propagates, while the bias
+    # added to the window's extreme output is not). Shared by the packed and phase-split kernels.
+    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+    if HAS_BIAS:
+        bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
+    return bad & cn_ok
+
+
+@triton.jit
 def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_ptr, s1, s2, Cout, son, soc, sod, soh,
                          sow, BM: tl.constexpr, BNC: tl.constexpr, HAS_BIAS: tl.constexpr, MONO: tl.constexpr,
                          IS_HALF: tl.constexpr, SOFT_BF16: tl.constexpr):
@@ -288,8 +299,8 @@ def _pool_epilogue_store(acc, pid_n, row_ok, n, qd, qh, qw, b_ptr, m_ptr, out_pt
     cn = pid_n * BNC + tl.arange(0, BNC)
     cn_ok = cn < Cout
     mult, bias = _channel_params(m_ptr, b_ptr, cn, cn_ok, BNC, HAS_BIAS)
-    # Channels whose multiplier breaks monotonicity (0, +-inf, NaN) take the exact per-phase selection.
-    bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
+    # Channels that break monotonicity take the exact per-phase selection.
+    bad = _breaks_monotone(mult, bias, cn_ok, HAS_BIAS)
     ph = tl.reshape(acc, [BM, 8, BNC])
     if MONO:
         hi = tl.reduce(ph, 1, _max_nan)

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._conv_post_pool_gemm_triton import (_INTERPRET, _channel_params, _dot, _positions, _round_tf32, _round_to_io,
-                                          _to_io, monotone_form, pooled_rows, round_tf32)
+from ._conv_post_pool_gemm_triton import (_INTERPRET, _breaks_monotone, _channel_params, _dot, _positions,
+                                          _round_tf32, _round_to_io, _to_io, monotone_form, pooled_rows, round_tf32)
 
 __all__ = ["launch", "pack_weight", "phase_taps"]
 
@@ -153,10 +153,7 @@ def _pool_init(mult, bias, cn_ok, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: 
     sel = tl.zeros([BM, BN], dtype=tl.float32)
     off = tl.zeros([BM, BN], dtype=tl.int32)
     if MONO:
-        bad = (mult == 0) | (tl.abs(mult) == float("inf")) | (mult != mult)
-        if HAS_BIAS:
-            bad = bad | (tl.abs(bias) == float("inf")) | (bias != bias)
-        bad = bad & cn_ok
+        bad = _breaks_monotone(mult, bias, cn_ok, HAS_BIAS)
         any_bad = tl.sum(bad.to(tl.int32), 0) > 0
         sgn = tl.where(mult > 0, 1.0, -1.0)[None, :]
         ext = tl.full([BM, BN], float("-inf"), tl.float32)
