@@ -13,17 +13,9 @@
 # TESTS_LAST=1 runs the tests after the benchmark, so that a call cut short still has the figures.
 # At most 8 files go to $OUT (the device tool's limit); the rest stay in /tmp.
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_dev_out}
-T=/tmp/gpu_dev_work; mkdir -p "$OUT" "$T"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
-summary="$OUT/summary.txt"; : > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); torch $(python3 -c 'import torch; print(torch.__version__)'); triton $(python3 -c 'import triton; print(triton.__version__)')"
-t0=$SECONDS
-python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1
-rc=$?; note "build rc=$rc after $((SECONDS - t0)) s"
-[ "$rc" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
+source "$(dirname "$0")/gpu_common.sh"
+gpu_setup gpu_dev
+build_extension
 # The variants run after the build, not beside it: host-bound launches time wrong on a busy CPU.
 if [ -z "${SKIP_VARIANTS:-}" ]; then
   t0=$SECONDS

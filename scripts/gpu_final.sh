@@ -10,22 +10,10 @@
 #   SKIP_BUILD=1            the extension is already built (a dry run of the script)
 # Logs: $OUT/shard{1..4}.log, $OUT/bench.md (+ bench.log, bench_cuda.json), $OUT/summary.txt (the device tool returns at most 8 files).
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_final_out}
-T=/tmp/gpu_final_work; mkdir -p "$OUT" "$T"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
-summary="$OUT/summary.txt"; : > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-# The device's copy of the tree may carry a stale .git, so the sources are identified by their content:
-# compare with `bash scripts/gpu_final.sh --hash` here.
-src_hash() { find csrc torch_fused_ops tests benchmarks scripts -type f \( -name '*.py' -o -name '*.cu' -o -name '*.cpp' \
-  -o -name '*.h' -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12; }
+source "$(dirname "$0")/gpu_common.sh"
 if [ "${1:-}" = "--hash" ]; then src_hash; exit 0; fi
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l); torch $(python3 -c 'import torch; print(torch.__version__)'); triton $(python3 -c 'import triton; print(triton.__version__)'); sources sha1 $(src_hash)"
-t0=$SECONDS
-if [ -z "${SKIP_BUILD:-}" ]; then python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1; fi
-rc=$?; note "build rc=$rc after $((SECONDS - t0)) s"
-[ "$rc" = 0 ] || { tail -30 "$T/build.log" | tee -a "$summary"; exit 1; }
+gpu_setup gpu_final
+build_extension
 
 ngpu=$(nvidia-smi -L | wc -l)
 triton_files="tests/test_conv_post_pool_triton.py tests/test_conv_phase_gemm.py tests/test_conv_infer_op.py"
