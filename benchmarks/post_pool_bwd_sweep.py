@@ -50,7 +50,9 @@ def child(shape):
             kernels = {}
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:
-                    name = e.name.split("<")[0].split("(")[0][:48]
+                    # "void fused::(anonymous namespace)::post_pool_...<float, int, 1, true>(...)" -> the kernel's name
+                    name = e.name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0]
+                    name = name.removeprefix("void ").split("::")[-1][:48]
                     kernels[name] = kernels.get(name, 0.0) + e.device_time
             rows.append(dict(dtype=str(dtype)[6:], layout=layout, us=us, floor=floor, kernels=kernels))
     print("RESULT " + json.dumps(dict(bw=bw, rows=rows)))

@@ -371,7 +371,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     mult = multiplier_1d.reshape(Cout)
     op = _as3(output_padding)
 
-    Dp, Hp, Wv = D - 1 + op[0], H - 1 + op[1], W - 1 + op[2]
+    Dp, Hp, Wp, Wv, n_pos = pooled_rows(N, D, H, W, op)
     shape = (N, Cout, max(Dp, 0), max(Hp, 0), max(Wv, 0))
     fmt = _geometry.output_memory_format(x)  # the layout the op's fake impl reports
     out = torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
@@ -382,7 +382,6 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     if out.numel() == 0:
         return result
 
-    Dp, Hp, Wp, Wv, n_pos = pooled_rows(N, D, H, W, op)
     # Channel counts size the program's tiles: under dynamic-shape tracing int() specialises them (the weight's
     # shape fixes them anyway), while the batch and spatial sizes stay symbolic.
     cin_p = _pow2_at_least(int(Cin), 16)
