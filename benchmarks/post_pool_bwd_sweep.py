@@ -7,6 +7,13 @@ fused.post_pool_backward (block timer, median) for float32 and bfloat16, channel
 contiguous kernel ignores the setting: it is the same-run control), measures the copy bandwidth, and splits one
 call into its kernels with torch.profiler. The floor is the bench's: grad_output, selected and a one-byte offset
 read at pooled size, the full-resolution grad_input written. A table comes last.
+
+Two more columns say where a call's time goes beyond its kernels:
+- "host us": the host's cost of one call, timed while the device is held busy by a sleep kernel (so no call waits
+  for the device). Where it exceeds the kernels, back-to-back calls are host-bound.
+- "span us": a profiled block of 20 back-to-back calls, first kernel start to last kernel end, per call. Span minus
+  the kernels' own time is the device's idle time between kernels (launch gaps, or the host falling behind).
+A write-only fill of grad_input's size gives the device's write bandwidth (the backward is 80% writes).
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -27,6 +35,10 @@ def child(shape):
 
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
+    big = torch.empty(shape, device=dev)
+    fill_us = median_us(lambda: big.fill_(1.0), dev, reps=30)
+    fill_bw = big.numel() * 4 / (fill_us * 1e-6)
+    del big
     N, C, D, H, W = shape
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -54,8 +66,35 @@ def child(shape):
                     name = e.name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0]
                     name = name.removeprefix("void ").split("::")[-1][:48]
                     kernels[name] = kernels.get(name, 0.0) + e.device_time
-            rows.append(dict(dtype=str(dtype)[6:], layout=layout, us=us, floor=floor, kernels=kernels))
-    print("RESULT " + json.dumps(dict(bw=bw, rows=rows)))
+            rows.append(dict(dtype=str(dtype)[6:], layout=layout, us=us, floor=floor, kernels=kernels,
+                             host=host_us(call), span=span_us(call)))
+    print("RESULT " + json.dumps(dict(bw=bw, fill_bw=fill_bw, rows=rows)))
+
+
+def host_us(call, n=50):
+    """Host time of one call while the device is busy (a ~50 ms sleep kernel queued first)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return t
+
+
+def span_us(call, n=20):
+    """Device span per call of n back-to-back calls: first kernel start to last kernel end, over n."""
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+    ks = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not ks:
+        return float("nan")
+    return (max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks)) / n
 
 
 def main():
@@ -81,11 +120,13 @@ def main():
         for row in res["rows"]:
             ks = "; ".join(f"{k} {v:.1f}" for k, v in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
             table.append(f"| {items} | {row['dtype']} | {row['layout']} | {row['us']:.1f} | {row['floor']:.1f} | "
-                         f"{row['floor'] / row['us']:.0%} | {res['bw'] / 1e9:.0f} | {ks} |")
+                         f"{row['floor'] / row['us']:.0%} | {sum(row['kernels'].values()):.1f} | {row['span']:.1f} | "
+                         f"{row['host']:.1f} | {res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
             print(table[-1], flush=True)
     print(f"\nfused.post_pool_backward, shape {shape}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| items | dtype | layout | median us | floor us | % of floor | copy GB/s | kernels (profiler, us) |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    print("| items | dtype | layout | median us | floor us | % of floor | kernels us | span us | host us | copy GB/s "
+          "| fill GB/s | kernels (profiler, us) |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     print("\n".join(table))
 
 
