@@ -1,8 +1,9 @@
-"""Packs per thread of the channels_last backward kernel (TORCH_FUSED_OPS_CL_BWD_ITEMS), swept on CUDA.
+"""Settings of the CUDA backward, swept: packs per thread of the channels_last kernel
+(TORCH_FUSED_OPS_CL_BWD_ITEMS) and dependent launches (TORCH_FUSED_OPS_PDL).
 
-    python benchmarks/post_pool_bwd_sweep.py [--items 1,2,4,8] [--shape 16,32,32,64,64]
+    python benchmarks/post_pool_bwd_sweep.py [--items 1,2,4,8] [--pdl 0,1] [--shape 16,32,32,64,64]
 
-The setting is read once per process, so each value runs in its own child process. Each child times
+The settings are read once per process, so each combination runs in its own child process. Each child times
 fused.post_pool_backward (block timer, median) for float32 and bfloat16, channels_last_3d and contiguous (the
 contiguous kernel ignores the setting: it is the same-run control), measures the copy bandwidth, and splits one
 call into its kernels with torch.profiler. The floor is the bench's: grad_output, selected and a one-byte offset
@@ -100,6 +101,7 @@ def span_us(call, n=20):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", default="1,2,4,8")
+    ap.add_argument("--pdl", default="1", help="TORCH_FUSED_OPS_PDL values (1: dependent launches, 0: plain)")
     ap.add_argument("--shape", default="16,32,32,64,64")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
@@ -109,24 +111,26 @@ def main():
         return
     table = []
     for items in a.items.split(","):
-        env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items)
-        r = subprocess.run([sys.executable, __file__, "--child", "--shape", a.shape], env=env, capture_output=True,
-                           text=True)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        if r.returncode != 0 or not line:
-            print(f"items={items}: rc={r.returncode}\n{r.stderr[-2000:]}", flush=True)
-            continue
-        res = json.loads(line[0][7:])
-        for row in res["rows"]:
-            ks = "; ".join(f"{k} {v:.1f}" for k, v in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
-            table.append(f"| {items} | {row['dtype']} | {row['layout']} | {row['us']:.1f} | {row['floor']:.1f} | "
-                         f"{row['floor'] / row['us']:.0%} | {sum(row['kernels'].values()):.1f} | {row['span']:.1f} | "
-                         f"{row['host']:.1f} | {res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
-            print(table[-1], flush=True)
+        for pdl in a.pdl.split(","):
+            env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items, TORCH_FUSED_OPS_PDL=pdl)
+            r = subprocess.run([sys.executable, __file__, "--child", "--shape", a.shape], env=env,
+                               capture_output=True, text=True)
+            line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+            if r.returncode != 0 or not line:
+                print(f"items={items} pdl={pdl}: rc={r.returncode}\n{r.stderr[-2000:]}", flush=True)
+                continue
+            res = json.loads(line[0][7:])
+            for row in res["rows"]:
+                ks = "; ".join(f"{k} {v:.1f}" for k, v in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
+                table.append(f"| {items} | {pdl} | {row['dtype']} | {row['layout']} | {row['us']:.1f} | "
+                             f"{row['floor']:.1f} | {row['floor'] / row['us']:.0%} | "
+                             f"{sum(row['kernels'].values()):.1f} | {row['span']:.1f} | {row['host']:.1f} | "
+                             f"{res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
+                print(table[-1], flush=True)
     print(f"\nfused.post_pool_backward, shape {shape}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| items | dtype | layout | median us | floor us | % of floor | kernels us | span us | host us | copy GB/s "
-          "| fill GB/s | kernels (profiler, us) |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| items | pdl | dtype | layout | median us | floor us | % of floor | kernels us | span us | host us "
+          "| copy GB/s | fill GB/s | kernels (profiler, us) |")
+    print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     print("\n".join(table))
 
 

@@ -430,6 +430,86 @@ def test_grad_multiplier_is_deterministic_on_cuda(layout):
     torch.testing.assert_close(first.double(), gm_e, **grad_multiplier_tol(x, g, torch.float32))
 
 
+def _backward_op(g, sel, off, m, shape, channels_last):
+    return torch.ops.fused.post_pool_backward(g, sel, off, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2],
+                                              [0, 0, 0], [1, 1, 1], channels_last)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's dependent launches")
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_back_to_back_cuda(layout, dtype):
+    # The fast backward is a main kernel and one or two per-channel sum kernels, launched as programmatic
+    # dependent launches on Hopper: a kernel's blocks may start before the previous grid ends and must wait for it
+    # before touching memory. Calls issued back to back without synchronizing reuse each other's freed partial
+    # buffers, so a missing wait would show as a gradient that differs from the same call run alone.
+    # Large enough for the channels_last sum's two passes (the contiguous one always takes one).
+    shape = (4, 16, 32, 64, 64) if dtype == torch.float32 else (16, 16, 32, 64, 64)
+    x = make_input(shape, dtype, "cuda", layout, seed=21)
+    m = make_multiplier("C111", 16, dtype, "cuda")
+    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+    cl = layout == "channels_last"
+    fmt = torch.channels_last_3d if cl else torch.contiguous_format
+    gs = [torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(i))
+          .contiguous(memory_format=fmt) for i in range(8)]
+    torch.cuda.synchronize()
+    racing = [_backward_op(g, sel, off, m, shape, cl) for g in gs]  # no synchronization between calls
+    torch.cuda.synchronize()
+    for i, g in enumerate(gs):
+        alone = _backward_op(g, sel, off, m, shape, cl)
+        torch.cuda.synchronize()
+        assert_bitwise_equal(racing[i][0], alone[0], f"grad_input of call {i}")
+        assert_bitwise_equal(racing[i][1], alone[1], f"grad_multiplier of call {i}")
+    if dtype == torch.float32:  # and each is right (16-bit dtypes: the race check above; eager's ties differ)
+        cfg = POOL_CONFIGS["k2s2"]
+        assert_bitwise_equal(racing[-1][0], eager_grads(x, m, gs[-1], cfg)[1], "grad_input against eager")
+        _, _, gm_e = eager_grads(x.double(), m.double(), gs[-1].double(), cfg)
+        torch.testing.assert_close(racing[-1][1].double(), gm_e, **grad_multiplier_tol(x, gs[-1], dtype))
+
+
+_PDL_CHILD = """
+import sys, torch, torch_fused_ops
+sys.path.insert(0, sys.argv[1])
+from fused_testing import make_input, make_multiplier
+from test_autograd import _backward_op
+out = []
+for dtype in (torch.float32, torch.bfloat16):
+    for cl in (False, True):
+        shape = (4, 16, 32, 64, 64) if dtype == torch.float32 else (16, 16, 32, 64, 64)
+        x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
+        m = make_multiplier("C111", 16, dtype, "cuda")
+        _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+        g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
+        g = g.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+        out.append([t.cpu() for t in _backward_op(g, sel, off, m, shape, cl)])
+torch.save(out, sys.argv[2])
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's dependent launches")
+def test_backward_pdl_setting_cuda(tmp_path):
+    # TORCH_FUSED_OPS_PDL=0 launches the backward's kernels plainly, 1 (the default) as dependent launches on
+    # Hopper. It is read once per process, so each setting runs in a child; both give the same bits.
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    results = {}
+    for setting in ("0", "1"):
+        path = tmp_path / f"pdl{setting}.pt"
+        env = dict(os.environ, TORCH_FUSED_OPS_PDL=setting)
+        r = subprocess.run([sys.executable, "-c", _PDL_CHILD, here, str(path)], env=env, capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+        results[setting] = torch.load(path)
+    assert len(results["0"]) == 4
+    for i, (plain, dependent) in enumerate(zip(results["0"], results["1"])):
+        assert_bitwise_equal(dependent[0], plain[0], f"grad_input, case {i}")
+        assert_bitwise_equal(dependent[1], plain[1], f"grad_multiplier, case {i}")
+
+
 _ITEMS_CHILD = """
 import sys, torch, torch_fused_ops
 sys.path.insert(0, sys.argv[1])

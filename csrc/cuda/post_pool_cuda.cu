@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 #include <limits>
 #include <type_traits>
 
@@ -37,6 +39,67 @@ int64_t num_blocks(int64_t work) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   return std::max<int64_t>(1, std::min<int64_t>(wanted, static_cast<int64_t>(sms) * 32));
+}
+
+// ---- programmatic dependent launch (Hopper and later) ---------------------------------------------------
+// The backward is two or three launches per call (main kernel, then one or two per-channel sum passes), and a
+// dependent launch in the same stream normally starts only after the previous grid has drained, so each boundary
+// leaves the GPU idle for the launch latency. With programmatic stream serialization a kernel's blocks may be
+// scheduled while the previous grid still runs; they wait at griddepcontrol.wait, which returns once that grid
+// has completed and its memory is visible, so every global access after it is ordered exactly as without the
+// attribute. TORCH_FUSED_OPS_PDL=0 turns it off (read once per process); older GPUs launch plainly.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel in the stream (if launched with the attribute) be scheduled now; it still waits for this
+// grid's completion before touching memory.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char* e = std::getenv("TORCH_FUSED_OPS_PDL");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  if (!env_on) return false;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static int major[64] = {};  // compute capability major per device ordinal, 0 = not yet asked
+  if (device < 0 || device >= 64) return false;
+  if (major[device] == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major[device], cudaDevAttrComputeCapabilityMajor, device));
+  }
+  return major[device] >= 9;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch where enabled.
+// Only kernels that call wait_for_prior_grid() before their first global memory access may go through here.
+template <typename... KernelArgs, typename... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  if (!pdl_enabled()) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename scalar_t, typename off_t, bool CL, int K, bool SAVE>
@@ -452,6 +515,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kern
   constexpr int VEC = vec_outputs<scalar_t>();
   const index_t p = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   acc_t cm_sum = 0, cb_sum = 0;
+  wait_for_prior_grid();
+  allow_dependent_launch();
   if (p < total) {
     const index_t row = p / OWv;  // (n, c, od, oh)
     const index_t owv = p - row * OWv;
@@ -515,6 +580,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
   const index_t sw = C, sh = 2 * OW * C, sd = 4 * OH * OW * C;
   const index_t first = static_cast<index_t>(blockIdx.x) * (kThreads * ITEMS) + threadIdx.x;
   acc_t cm_sum[VEC], cb_sum[VEC];
+  wait_for_prior_grid();
+  allow_dependent_launch();
 #pragma unroll
   for (int j = 0; j < VEC; ++j) cm_sum[j] = cb_sum[j] = acc_t(0);
   Pack<scalar_t, VEC> go[ITEMS], sel[ITEMS];
@@ -629,6 +696,8 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
     out_t* __restrict__ dst1, int64_t C, int64_t R, int64_t K, int64_t chunk, int TC, int J) {
   __shared__ double lanes[kSumThreads];
   const in_t* __restrict__ src = blockIdx.z == 0 ? src0 : src1;
+  wait_for_prior_grid();
+  allow_dependent_launch();
   out_t* __restrict__ dst = blockIdx.z == 0 ? dst0 : dst1;
   const int t = threadIdx.x;
   const int tc = t % TC, j = t / TC;  // j >= J: an idle thread (kSumThreads not a multiple of TC)
@@ -673,22 +742,25 @@ template <typename in_t, typename out_t>
 void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* dst1, int64_t C, int64_t R,
                         int64_t K, const ChannelSumShape& s, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.splits), dst1 != nullptr ? 2u : 1u);
-  channel_partials_sum_kernel<in_t, out_t><<<grid, kSumThreads, 0, stream>>>(src0, src1, dst0, dst1, C, R, K,
-                                                                              s.chunk, s.TC, s.J);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_dependent(channel_partials_sum_kernel<in_t, out_t>, grid, dim3(kSumThreads), 0, stream, src0, src1, dst0,
+                   dst1, C, R, K, s.chunk, s.TC, s.J);
 }
 
 // Per-channel sums ([C], of type `out`: float, or the 16-bit dtype of the gradient it becomes, so that no cast
 // kernel follows) of float partials viewed [K / R, C, R], and of bias partials when defined. One launch when one
 // range per channel suffices (the contiguous fast path at its usual sizes); otherwise a first launch writes double
 // sums per range, [splits, C], and a second folds them.
+// The results take the shapes `sizes` and `sizes_bias` (C elements each: the parameter's own shape, so that no
+// reshape follows on the host).
 std::pair<at::Tensor, at::Tensor> sum_channel_partials(const at::Tensor& part, const at::Tensor& part_bias,
-                                                       int64_t C, int64_t R, at::ScalarType out, cudaStream_t stream) {
+                                                       int64_t C, int64_t R, at::ScalarType out,
+                                                       at::IntArrayRef sizes, at::IntArrayRef sizes_bias,
+                                                       cudaStream_t stream) {
   const auto opts = part.options().dtype(out);
   const bool two = part_bias.defined();
   const int64_t K = C > 0 && R > 0 ? part.numel() / C : 0;
-  if (K == 0) return {at::zeros({C}, opts), two ? at::zeros({C}, opts) : at::Tensor()};
-  at::Tensor result = at::empty({C}, opts), result_bias = two ? at::empty({C}, opts) : at::Tensor();
+  if (K == 0) return {at::zeros(sizes, opts), two ? at::zeros(sizes_bias, opts) : at::Tensor()};
+  at::Tensor result = at::empty(sizes, opts), result_bias = two ? at::empty(sizes_bias, opts) : at::Tensor();
   const float* s0 = part.const_data_ptr<float>();
   const float* s1 = two ? part_bias.const_data_ptr<float>() : nullptr;
   const ChannelSumShape first = channel_sum_shape(C, R, K, kSumMaxSplits);
@@ -729,7 +801,7 @@ template <typename scalar_t>
 std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
     const PoolGeometry& g, bool channels_last, const at::Tensor& go, const at::Tensor& sel, const at::Tensor& off,
     const at::Tensor& mflat, double s1, double s2, const at::Tensor& grad_input, const at::Tensor& bias,
-    cudaStream_t stream) {
+    at::IntArrayRef multiplier_sizes, at::IntArrayRef bias_sizes, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   if constexpr (!std::is_same_v<acc_t, float>) {
     return std::nullopt;  // double: the general kernels
@@ -774,26 +846,28 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
                : items == 2 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 2, true>
                : items == 4 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 4, true>
                             : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 8, true>;
-      k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(Cv),
-                                       static_cast<index_t>(g.C), static_cast<index_t>(g.OW),
-                                       static_cast<index_t>(g.OH));
+      launch_dependent(k, grid, dim3(kThreads), 0, stream, a, static_cast<index_t>(total),
+                       static_cast<index_t>(Cv), static_cast<index_t>(g.C), static_cast<index_t>(g.OW),
+                       static_cast<index_t>(g.OH));
     } else {
       const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
       auto k = warp ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, true>
                     : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, false>;
-      k<<<grid, kThreads, 0, stream>>>(a, static_cast<index_t>(total), static_cast<index_t>(g.OW / vec),
-                                       static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH),
-                                       static_cast<index_t>(g.C), static_cast<index_t>(g.W),
-                                       static_cast<index_t>(g.H * g.W));
+      launch_dependent(k, grid, dim3(kThreads), 0, stream, a, static_cast<index_t>(total),
+                       static_cast<index_t>(g.OW / vec), static_cast<index_t>(g.OH),
+                       static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C), static_cast<index_t>(g.W),
+                       static_cast<index_t>(g.H * g.W));
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   small ? go_launch(int32_t{}) : go_launch(int64_t{});
   const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? contrib.numel() / (g.N * g.C) : 0);
   // Per-channel multiplier gradients come out in the gradient's dtype (no cast kernel after); a one-element
   // multiplier sums them further, so it takes float.
   const at::ScalarType out = mflat.numel() == 1 ? at::kFloat : go.scalar_type();
-  return sum_channel_partials(contrib, contrib_bias, g.C, R, out, stream);
+  const std::vector<int64_t> per_channel{g.C};
+  return sum_channel_partials(contrib, contrib_bias, g.C, R, out,
+                              mflat.numel() == 1 ? at::IntArrayRef(per_channel) : multiplier_sizes,
+                              bias.defined() ? bias_sizes : at::IntArrayRef(per_channel), stream);
   }
 }
 
@@ -962,12 +1036,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     std::optional<std::pair<at::Tensor, at::Tensor>> fast;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_fast", [&] {
       fast = launch_backward_tiled2<scalar_t>(g, channels_last, go, sel, off, mflat, s1, s2, grad_input, bflat,
+                                              multiplier.sizes(), bias != nullptr ? bias->sizes() : at::IntArrayRef(),
                                               stream);
     });
     if (fast) {
+      // Per-channel sums come back in the parameter's shape and dtype; a one-element multiplier sums them further.
       auto finish = [&](const at::Tensor& per_channel, const at::Tensor& like) {
-        at::Tensor total = like.numel() == 1 ? per_channel.sum() : per_channel;
-        return total.reshape(like.sizes()).to(like.scalar_type()).contiguous();
+        if (like.numel() != 1) return per_channel;
+        return per_channel.sum().reshape(like.sizes()).to(like.scalar_type()).contiguous();
       };
       at::Tensor grad_bias = bias != nullptr ? finish(fast->second, *bias) : at::Tensor();
       return {grad_input, grad_bias, finish(fast->first, multiplier)};
