@@ -1,7 +1,8 @@
 """Settings of the CUDA backward, swept: packs per thread of the channels_last kernel
-(TORCH_FUSED_OPS_CL_BWD_ITEMS) and dependent launches (TORCH_FUSED_OPS_PDL).
+(TORCH_FUSED_OPS_CL_BWD_ITEMS), dependent launches (TORCH_FUSED_OPS_PDL) and the in-kernel fold of the
+per-channel partials (TORCH_FUSED_OPS_BWD_FOLD).
 
-    python benchmarks/post_pool_bwd_sweep.py [--items 1,2,4,8] [--pdl 0,1] [--shape 16,32,32,64,64]
+    python benchmarks/post_pool_bwd_sweep.py [--items 1,2,4,8] [--pdl 0,1] [--fold 0,1] [--shape 16,32,32,64,64]
 
 The settings are read once per process, so each combination runs in its own child process. Each child times
 fused.post_pool_backward (block timer, median) for float32 and bfloat16, channels_last_3d and contiguous (the
@@ -19,6 +20,7 @@ A write-only fill of grad_input's size gives the device's write bandwidth (the b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -102,6 +104,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", default="1,2,4,8")
     ap.add_argument("--pdl", default="1", help="TORCH_FUSED_OPS_PDL values (1: dependent launches, 0: plain)")
+    ap.add_argument("--fold", default="1", help="TORCH_FUSED_OPS_BWD_FOLD values (1: in-kernel, 0: sum kernels)")
     ap.add_argument("--shape", default="16,32,32,64,64")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
@@ -110,27 +113,27 @@ def main():
         child(shape)
         return
     table = []
-    for items in a.items.split(","):
-        for pdl in a.pdl.split(","):
-            env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items, TORCH_FUSED_OPS_PDL=pdl)
-            r = subprocess.run([sys.executable, __file__, "--child", "--shape", a.shape], env=env,
-                               capture_output=True, text=True)
-            line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-            if r.returncode != 0 or not line:
-                print(f"items={items} pdl={pdl}: rc={r.returncode}\n{r.stderr[-2000:]}", flush=True)
-                continue
-            res = json.loads(line[0][7:])
-            for row in res["rows"]:
-                ks = "; ".join(f"{k} {v:.1f}" for k, v in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
-                table.append(f"| {items} | {pdl} | {row['dtype']} | {row['layout']} | {row['us']:.1f} | "
-                             f"{row['floor']:.1f} | {row['floor'] / row['us']:.0%} | "
-                             f"{sum(row['kernels'].values()):.1f} | {row['span']:.1f} | {row['host']:.1f} | "
-                             f"{res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
-                print(table[-1], flush=True)
+    for items, pdl, fold in itertools.product(a.items.split(","), a.pdl.split(","), a.fold.split(",")):
+        env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items, TORCH_FUSED_OPS_PDL=pdl,
+                   TORCH_FUSED_OPS_BWD_FOLD=fold)
+        r = subprocess.run([sys.executable, __file__, "--child", "--shape", a.shape], env=env,
+                           capture_output=True, text=True)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        if r.returncode != 0 or not line:
+            print(f"items={items} pdl={pdl} fold={fold}: rc={r.returncode}\n{r.stderr[-2000:]}", flush=True)
+            continue
+        res = json.loads(line[0][7:])
+        for row in res["rows"]:
+            ks = "; ".join(f"{k} {v:.1f}" for k, v in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
+            table.append(f"| {items} | {pdl} | {fold} | {row['dtype']} | {row['layout']} | {row['us']:.1f} | "
+                         f"{row['floor']:.1f} | {row['floor'] / row['us']:.0%} | "
+                         f"{sum(row['kernels'].values()):.1f} | {row['span']:.1f} | {row['host']:.1f} | "
+                         f"{res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
+            print(table[-1], flush=True)
     print(f"\nfused.post_pool_backward, shape {shape}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| items | pdl | dtype | layout | median us | floor us | % of floor | kernels us | span us | host us "
+    print("| items | pdl | fold | dtype | layout | median us | floor us | % of floor | kernels us | span us | host us "
           "| copy GB/s | fill GB/s | kernels (profiler, us) |")
-    print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     print("\n".join(table))
 
 

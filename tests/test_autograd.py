@@ -467,7 +467,7 @@ def test_backward_back_to_back_cuda(layout, dtype):
         torch.testing.assert_close(racing[-1][1].double(), gm_e, **grad_multiplier_tol(x, gs[-1], dtype))
 
 
-_PDL_CHILD = """
+_SETTINGS_CHILD = """
 import sys, torch, torch_fused_ops
 sys.path.insert(0, sys.argv[1])
 from fused_testing import make_input, make_multiplier
@@ -478,36 +478,51 @@ for dtype in (torch.float32, torch.bfloat16):
         shape = (4, 16, 32, 64, 64) if dtype == torch.float32 else (16, 16, 32, 64, 64)
         x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
         m = make_multiplier("C111", 16, dtype, "cuda")
+        b = torch.randn(16, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
         _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+        _, sel_b, off_b = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
         g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
         g = g.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
         out.append([t.cpu() for t in _backward_op(g, sel, off, m, shape, cl)])
+        out.append([t.cpu() for t in torch.ops.fused.post_pool_bias_backward(
+            g, sel_b, off_b, b, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)])
 torch.save(out, sys.argv[2])
 print("ok")
 """
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's dependent launches")
-def test_backward_pdl_setting_cuda(tmp_path):
-    # TORCH_FUSED_OPS_PDL=0 launches the backward's kernels plainly, 1 (the default) as dependent launches on
-    # Hopper. It is read once per process, so each setting runs in a child; both give the same bits.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's launch settings")
+def test_backward_pdl_and_fold_settings_cuda(tmp_path):
+    # TORCH_FUSED_OPS_PDL=0 launches the backward's kernels plainly (1, the default: dependent launches on Hopper);
+    # TORCH_FUSED_OPS_BWD_FOLD=0 sums the per-channel partials with separate kernels (1, the default: in the main
+    # kernel). Both are read once per process, so each combination runs in a child. Dependent launches change no
+    # bits; the fold sums in another order, so its multiplier and bias gradients agree to rounding, and its
+    # grad_input is the same bits.
     import os
     import subprocess
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
     results = {}
-    for setting in ("0", "1"):
-        path = tmp_path / f"pdl{setting}.pt"
-        env = dict(os.environ, TORCH_FUSED_OPS_PDL=setting)
-        r = subprocess.run([sys.executable, "-c", _PDL_CHILD, here, str(path)], env=env, capture_output=True,
-                           text=True)
-        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
-        results[setting] = torch.load(path)
-    assert len(results["0"]) == 4
-    for i, (plain, dependent) in enumerate(zip(results["0"], results["1"])):
-        assert_bitwise_equal(dependent[0], plain[0], f"grad_input, case {i}")
-        assert_bitwise_equal(dependent[1], plain[1], f"grad_multiplier, case {i}")
+    for pdl in ("0", "1"):
+        for fold in ("0", "1"):
+            path = tmp_path / f"pdl{pdl}_fold{fold}.pt"
+            env = dict(os.environ, TORCH_FUSED_OPS_PDL=pdl, TORCH_FUSED_OPS_BWD_FOLD=fold)
+            r = subprocess.run([sys.executable, "-c", _SETTINGS_CHILD, here, str(path)], env=env,
+                               capture_output=True, text=True)
+            assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+            results[pdl, fold] = torch.load(path)
+    assert len(results["0", "0"]) == 8
+    for fold in ("0", "1"):
+        for i, (plain, dependent) in enumerate(zip(results["0", fold], results["1", fold])):
+            for k, (p_t, d_t) in enumerate(zip(plain, dependent)):
+                assert_bitwise_equal(d_t, p_t, f"fold {fold}, case {i}, output {k}")
+    for i, (kernels, folded) in enumerate(zip(results["1", "0"], results["1", "1"])):
+        assert_bitwise_equal(folded[0], kernels[0], f"grad_input, case {i}")
+        for k in range(1, len(folded)):  # grad_multiplier (and grad_bias)
+            assert folded[k].shape == kernels[k].shape and folded[k].dtype == kernels[k].dtype
+            tol = dict(rtol=1e-5, atol=1e-3) if folded[k].dtype == torch.float32 else dict(rtol=1e-2, atol=1e-1)
+            torch.testing.assert_close(folded[k].double(), kernels[k].double(), **tol)
 
 
 _ITEMS_CHILD = """
