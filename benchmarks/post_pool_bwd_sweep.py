@@ -15,6 +15,8 @@ Two more columns say where a call's time goes beyond its kernels:
   for the device). Where it exceeds the kernels, back-to-back calls are host-bound.
 - "span us": a profiled block of 20 back-to-back calls, first kernel start to last kernel end, per call. Span minus
   the kernels' own time is the device's idle time between kernels (launch gaps, or the host falling behind).
+  Under dependent launches (TORCH_FUSED_OPS_PDL=1) the profiler stretches it (~200 us per call measured): there it
+  is not a measure.
 A write-only fill of grad_input's size gives the device's write bandwidth (the backward is 80% writes).
 """
 from __future__ import annotations

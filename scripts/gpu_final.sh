@@ -8,6 +8,7 @@
 #                           Model configs fp32,bf16,fp32-strict)
 #   TEST_TIMEOUT=s          per shard (default 330)
 #   SKIP_BUILD=1            the extension is already built (a dry run of the script)
+#   EXTRA="cmd"             one more command after the tests, its output's tail in the summary
 # Logs: $OUT/shard{1..4}.log, $OUT/bench.md (+ bench.log, bench_cuda.json), $OUT/summary.txt (the device tool returns at most 8 files).
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
@@ -44,6 +45,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     grep -E "^(FAILED|ERROR)" "$OUT/shard$n.log" | head -8 | tee -a "$summary"
   done
   note "tests took $((SECONDS - t0)) s"
+fi
+# EXTRA="python3 some_script.py ...": one command between the tests and the benchmark; its output is appended to
+# the summary (the device tool returns at most 8 files, and the shards and the bench take seven).
+if [ -n "${EXTRA:-}" ]; then
+  t0=$SECONDS
+  OUT="$OUT" timeout ${EXTRA_TIMEOUT:-200} bash -c "$EXTRA" > "$T/extra.log" 2>&1
+  note "extra ($EXTRA): rc=$? in $((SECONDS - t0)) s"; tail -40 "$T/extra.log" >> "$summary"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   t0=$SECONDS

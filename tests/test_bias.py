@@ -94,6 +94,31 @@ def test_grads_match_eager(device, layout, cfg_name):
     torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mkind", ["0d", "C111"])
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_grads_keep_parameter_dtypes(device, layout, dtype, mkind):
+    # Every gradient comes back in its parameter's dtype and shape, whichever multiplier shape: a one-element
+    # multiplier's gradient is summed in float by the CUDA kernels, and the bias's beside it must still be cast back.
+    shape = SHAPES[1]  # the vectorized 2x2x2 path
+    x = make_input(shape, dtype, device, layout, seed=9).requires_grad_()
+    b = torch.randn(shape[1], generator=torch.Generator().manual_seed(3)).to(dtype=dtype, device=device)
+    b.requires_grad_()
+    m = make_multiplier(mkind, shape[1], dtype, device).requires_grad_()
+    cfg = CFGS["k2"]
+    out = call(x, b, m, 0.1, 0.3, cfg)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(dtype=dtype, device=device)
+    got = torch.autograd.grad(out, (x, b, m), g)
+    for grad, param, name in zip(got, (x, b, m), ("input", "bias", "multiplier")):
+        assert grad.dtype == param.dtype and grad.shape == param.shape, (name, grad.dtype, grad.shape)
+    xd, bd, md = (t.detach().double().requires_grad_() for t in (x, b, m))
+    want = torch.autograd.grad(composite(xd, bd, md, 0.1, 0.3, cfg), (xd, bd, md), g.double())
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.3)
+    torch.testing.assert_close(got[1].double(), want[1], **tol)
+    torch.testing.assert_close(got[2].double(), want[2], **tol)
+
+
 @pytest.mark.parametrize("cfg_name", ["k2", "k3s2p1"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck(device, cfg_name):

@@ -493,17 +493,15 @@ struct BwdArgs {
   at::opmath_type<scalar_t>* contrib_bias;  // bias partials (null without a bias)
   bool per_channel;
   at::opmath_type<scalar_t> s1, s2;
-  // In-kernel fold of the partials into the per-channel results (see fold_partials); counters == nullptr leaves
-  // the partials to the sum kernels launched after.
-  unsigned int* counters;  // [groups + 1], zeroed before the launch
-  double* group_sums;      // [operands, groups, C]
-  scalar_t* out_m;         // [C] multiplier gradient
-  scalar_t* out_b;         // [C] bias gradient (null without a bias)
-  int64_t groups;
-  int64_t group_blocks;    // channels_last: blocks per group
-  int64_t R;               // contiguous: warp partials per (n, c) plane
-  int64_t parts;           // contiguous: warp partials in all
+  unsigned int* sum_counter;  // the single-launch sum's block counter, zeroed here (null: the two-pass sum)
 };
+
+// Zeroes the per-channel sum's block counter for the kernel that follows this one in the stream (after this
+// grid's wait, so a previous call's sum kernel that used the same memory has finished).
+template <typename scalar_t>
+__device__ __forceinline__ void reset_sum_counter(const BwdArgs<scalar_t>& a) {
+  if (a.sum_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.sum_counter = 0u;
+}
 
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t go, scalar_t sel, acc_t m, acc_t b,
@@ -517,116 +515,8 @@ __device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t g
   cb = gxa;
 }
 
-// ---- in-kernel fold of the per-channel partials -----------------------------------------------------------
-// The partials used to be summed by one or two small kernels after the main one; on the H200 those took 3-9 us
-// per call (latency-bound launches reading ~1 MB), up to a tenth of the whole backward. Instead, blocks are counted
-// per group of partials as they finish: the block that completes a group sums that group's partials per channel
-// (into double), and the block that completes the last group sums the groups into the results. Every sum runs in
-// an order fixed by the shapes alone, whichever block happens to finish last, so the bits do not vary run to run.
-// Groups: channels_last, `group_blocks` consecutive blocks' [C] rows; contiguous, one sample's [C, R] warp partials.
-
-// Sums src[base + c * sc + k * sk] over k < K for each channel c < C in a fixed order (lane j of a channel takes
-// k = j, j + J, ...; the J lane sums fold by a fixed tree) into dst[c]. Whole block. A 16-bit result goes through
-// float, as the sum kernels and .to(dtype) of a float sum round it. The host bounds every group
-// (C * K <= kFoldGroupValues), so the offsets from base fit 32 bits.
-template <typename in_t, typename out_t>
-__device__ void block_channel_sums(const in_t* src, int64_t base, int sc, int sk, int K, int C, double* lanes,
-                                   out_t* dst) {
-  const int TC = std::min(C, sc == 1 ? kThreads : 32);
-  int J = 1;
-  while (J * 2 * TC <= kThreads) J *= 2;
-  const int t = threadIdx.x, tc = t % TC, j = t / TC;  // j >= J: idle
-  const in_t* q = src + base;
-  for (int c0 = 0; c0 < C; c0 += TC) {
-    const int c = c0 + tc;
-    double acc = 0;
-    if (j < J && c < C) {
-#pragma unroll 4
-      for (int k = j; k < K; k += J) acc += static_cast<double>(__ldcg(q + c * sc + k * sk));
-    }
-    lanes[t] = acc;
-    __syncthreads();
-    for (int h = J / 2; h > 0; h >>= 1) {
-      if (j < h) lanes[t] += lanes[t + h * TC];
-      __syncthreads();
-    }
-    if (j == 0 && c < C) {
-      if constexpr (std::is_same_v<out_t, double>) {
-        dst[c] = lanes[tc];
-      } else {
-        dst[c] = static_cast<out_t>(static_cast<float>(lanes[tc]));
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// Called by every thread of every block once its partials are written (only when folding: the struct's fields come
-// by value, so the call passes registers rather than a copy of the arguments in local memory). Not inlined, so that
-// its registers do not shape the main kernels' allocation: inlined, ptxas made the bfloat16 channels_last kernel
-// spill.
-template <typename acc_t, typename scalar_t, bool CL>
-__device__ __noinline__ void fold_partials(unsigned int* counters, double* group_sums, const acc_t* contrib,
-                                           const acc_t* contrib_bias, scalar_t* out_m, scalar_t* out_b,
-                                           int64_t groups, int64_t group_blocks, int64_t R, int64_t parts,
-                                           int64_t C) {
-  __shared__ double lanes[kThreads];
-  __shared__ bool last;
-  const int64_t b = blockIdx.x;
-  int64_t g_lo, g_hi;
-  if constexpr (CL) {
-    g_lo = g_hi = b / group_blocks;
-  } else {  // this block's warps [8b, w_end) and the samples they lie in
-    const int64_t CR = C * R, w_end = std::min<int64_t>(8 * b + kThreads / 32, parts);
-    g_lo = 8 * b / CR;
-    g_hi = (w_end - 1) / CR;
-  }
-  const int operands = contrib_bias != nullptr ? 2 : 1;
-  __threadfence();  // this thread's partials are visible before the block is counted
-  for (int64_t g = g_lo; g <= g_hi; ++g) {
-    int64_t target, base;  // blocks in group g; where its partials start
-    int sc, sk, K;         // channel and row strides from there, rows
-    if constexpr (CL) {
-      target = std::min<int64_t>(group_blocks, static_cast<int64_t>(gridDim.x) - g * group_blocks);
-      base = g * group_blocks * C, sc = 1, sk = static_cast<int>(C), K = static_cast<int>(target);
-    } else {
-      const int64_t CR = C * R;
-      target = (std::min<int64_t>((g + 1) * CR, parts) - 1) / 8 - g * CR / 8 + 1;
-      base = g * CR, sc = static_cast<int>(R), sk = 1, K = static_cast<int>(R);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counters + g, 1u) == static_cast<unsigned int>(target - 1);
-    __syncthreads();
-    if (!last) continue;
-    __threadfence();  // the group's other blocks' partials
-    for (int op = 0; op < operands; ++op) {
-      block_channel_sums(op == 0 ? contrib : contrib_bias, base, sc, sk, K, static_cast<int>(C), lanes,
-                         group_sums + (op * groups + g) * C);
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counters + groups, 1u) == static_cast<unsigned int>(groups - 1);
-    __syncthreads();
-    if (!last) continue;
-    __threadfence();
-    for (int op = 0; op < operands; ++op) {
-      block_channel_sums(group_sums + op * groups * C, 0, 1, static_cast<int>(C), static_cast<int>(groups),
-                         static_cast<int>(C), lanes, op == 0 ? out_m : out_b);
-    }
-  }
-}
-
-template <typename scalar_t, bool CL>
-__device__ __forceinline__ void maybe_fold_partials(const BwdArgs<scalar_t>& a, int64_t C) {
-  if (a.counters != nullptr) {
-    fold_partials<at::opmath_type<scalar_t>, scalar_t, CL>(a.counters, a.group_sums, a.contrib, a.contrib_bias,
-                                                           a.out_m, a.out_b, a.groups, a.group_blocks, a.R,
-                                                           a.parts, C);
-  }
-}
-
 template <typename scalar_t, typename index_t, bool WARP>
-__global__ void __launch_bounds__(kThreads, 8) post_pool_backward_tiled2_ncdhw_kernel(
+__global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kernel(
     const BwdArgs<scalar_t> a, index_t total, index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W,
     index_t plane) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -635,6 +525,7 @@ __global__ void __launch_bounds__(kThreads, 8) post_pool_backward_tiled2_ncdhw_k
   acc_t cm_sum = 0, cb_sum = 0;
   wait_for_prior_grid();
   allow_dependent_launch();
+  reset_sum_counter(a);
   if (p < total) {
     const index_t row = p / OWv;  // (n, c, od, oh)
     const index_t owv = p - row * OWv;
@@ -681,7 +572,6 @@ __global__ void __launch_bounds__(kThreads, 8) post_pool_backward_tiled2_ncdhw_k
       a.contrib[p / 32] = cm_sum;
       if (a.contrib_bias != nullptr) a.contrib_bias[p / 32] = cb_sum;
     }
-    maybe_fold_partials<scalar_t, false>(a, static_cast<int64_t>(C));
   }
 }
 
@@ -701,6 +591,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
   acc_t cm_sum[VEC], cb_sum[VEC];
   wait_for_prior_grid();
   allow_dependent_launch();
+  reset_sum_counter(a);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) cm_sum[j] = cb_sum[j] = acc_t(0);
   Pack<scalar_t, VEC> go[ITEMS], sel[ITEMS];
@@ -773,7 +664,6 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
       }
       __syncthreads();
     }
-    maybe_fold_partials<scalar_t, true>(a, static_cast<int64_t>(C));
   }
 }
 
@@ -808,20 +698,16 @@ ChannelSumShape channel_sum_shape(int64_t C, int64_t R, int64_t K, int64_t max_s
   return s;
 }
 
-// grid (tiles, splits, operands); dst is [splits, C] per operand. blockIdx.z picks the multiplier (0) or bias (1)
-// partials, so both are reduced in one launch.
-template <typename in_t, typename out_t>
-__global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
-    const in_t* __restrict__ src0, const in_t* __restrict__ src1, out_t* __restrict__ dst0,
-    out_t* __restrict__ dst1, int64_t C, int64_t R, int64_t K, int64_t chunk, int TC, int J) {
-  __shared__ double lanes[kSumThreads];
-  const in_t* __restrict__ src = blockIdx.z == 0 ? src0 : src1;
-  wait_for_prior_grid();
-  allow_dependent_launch();
-  out_t* __restrict__ dst = blockIdx.z == 0 ? dst0 : dst1;
+// One block's share: the sums over range blockIdx.y of K for channel tile blockIdx.x, left in lanes[tc] (read by
+// the threads with j == 0 and c < C). Every thread of the block calls it.
+template <typename in_t>
+__device__ __forceinline__ void channel_range_sums(const in_t* __restrict__ src, int64_t C, int64_t R, int64_t K,
+                                                   int64_t chunk, int TC, int J, double* lanes, int64_t& c,
+                                                   int& j) {
   const int t = threadIdx.x;
-  const int tc = t % TC, j = t / TC;  // j >= J: an idle thread (kSumThreads not a multiple of TC)
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * TC + tc;
+  const int tc = t % TC;
+  j = t / TC;  // j >= J: an idle thread (kSumThreads not a multiple of TC)
+  c = static_cast<int64_t>(blockIdx.x) * TC + tc;
   double acc = 0;
   if (j < J && c < C) {
     const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * chunk;
@@ -847,13 +733,86 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
     if (j < s) lanes[t] += lanes[t + s * TC];
     __syncthreads();
   }
-  if (j == 0 && c < C) {
-    // A 16-bit result goes through float, as .to(dtype) of the float sum would round it; mid-pass sums stay double.
-    const double v = lanes[tc];
-    if constexpr (std::is_same_v<out_t, double>) {
-      dst[static_cast<int64_t>(blockIdx.y) * C + c] = v;
-    } else {
-      dst[static_cast<int64_t>(blockIdx.y) * C + c] = static_cast<out_t>(static_cast<float>(v));
+}
+
+// A 16-bit result goes through float, as .to(dtype) of the float sum would round it; mid-pass sums stay double.
+template <typename out_t>
+__device__ __forceinline__ out_t sum_result(double v) {
+  if constexpr (std::is_same_v<out_t, double>) {
+    return v;
+  } else {
+    return static_cast<out_t>(static_cast<float>(v));
+  }
+}
+
+// grid (tiles, splits, operands); dst is [splits, C] per operand. blockIdx.z picks the multiplier (0) or bias (1)
+// partials, so both are reduced in one launch.
+template <typename in_t, typename out_t>
+__global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
+    const in_t* __restrict__ src0, const in_t* __restrict__ src1, out_t* __restrict__ dst0,
+    out_t* __restrict__ dst1, int64_t C, int64_t R, int64_t K, int64_t chunk, int TC, int J) {
+  __shared__ double lanes[kSumThreads];
+  wait_for_prior_grid();
+  allow_dependent_launch();
+  int64_t c;
+  int j;
+  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, lanes, c, j);
+  out_t* __restrict__ dst = blockIdx.z == 0 ? dst0 : dst1;
+  if (j == 0 && c < C) dst[static_cast<int64_t>(blockIdx.y) * C + c] = sum_result<out_t>(lanes[threadIdx.x]);
+}
+
+// The single-launch form (the default): the same per-range sums go to mid, [operands, splits, C] doubles; the
+// block counted last then sums mid over the ranges, in a fixed order whichever block that is, into the results.
+// This replaced a second launch that, like the first, was latency-bound: on the H200 the two took 8.0-8.8 us per
+// channels_last call (the contiguous layout's single pass 3.1-4.8 us) against main kernels of 46-91 us. The
+// counter is zeroed by the main backward kernel, which completes before this grid reads it. All fences here are
+// in this small kernel; in the main kernel they cost up to a fifth of its time (docs/notes.md).
+template <typename out_t>
+__global__ void __launch_bounds__(kSumThreads) channel_partials_fold_kernel(
+    const float* __restrict__ src0, const float* __restrict__ src1, double* __restrict__ mid,
+    out_t* __restrict__ dst0, out_t* __restrict__ dst1, unsigned int* counter, int64_t C, int64_t R, int64_t K,
+    int64_t chunk, int TC, int J) {
+  __shared__ double lanes[kSumThreads];
+  __shared__ bool last;
+  wait_for_prior_grid();
+  allow_dependent_launch();
+  int64_t c;
+  int j;
+  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, lanes, c, j);
+  const int64_t splits = gridDim.y;
+  if (j == 0 && c < C) mid[(blockIdx.z * splits + blockIdx.y) * C + c] = lanes[threadIdx.x];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    last = atomicAdd(counter, 1u) == blocks - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // mid[z] viewed [splits, C]: TF channels per step, JF lanes over the splits, then a fixed tree.
+  const int TF = static_cast<int>(std::min<int64_t>(C, kSumThreads));
+  int JF = 1;
+  while (JF * 2 * TF <= kSumThreads) JF *= 2;
+  const int t = threadIdx.x, tf = t % TF, jf = t / TF;
+  for (unsigned z = 0; z < gridDim.z; ++z) {
+    const double* m = mid + z * splits * C;
+    out_t* dst = z == 0 ? dst0 : dst1;
+    for (int64_t c0 = 0; c0 < C; c0 += TF) {
+      const int64_t cc = c0 + tf;
+      double acc = 0;
+      if (jf < JF && cc < C) {
+#pragma unroll 4
+        for (int64_t k = jf; k < splits; k += JF) acc += __ldcg(m + k * C + cc);
+      }
+      lanes[t] = acc;
+      __syncthreads();
+      for (int h = JF / 2; h > 0; h >>= 1) {
+        if (jf < h) lanes[t] += lanes[t + h * TF];
+        __syncthreads();
+      }
+      if (jf == 0 && cc < C) dst[cc] = sum_result<out_t>(lanes[tf]);
+      __syncthreads();
     }
   }
 }
@@ -864,6 +823,42 @@ void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* 
   const dim3 grid(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.splits), dst1 != nullptr ? 2u : 1u);
   launch_dependent(channel_partials_sum_kernel<in_t, out_t>, grid, dim3(kSumThreads), 0, stream, src0, src1, dst0,
                    dst1, C, R, K, s.chunk, s.TC, s.J);
+}
+
+// The single-launch sum's shape: ranges of K chosen so that a thread's loads in the first step (its range) and in
+// the last block's fold (over the ranges) are about equal, both on the critical path. Fold it only while the last
+// block's share stays small (splits * C bounded); otherwise the two-pass form.
+constexpr int64_t kFoldMaxValues = 16384;
+
+std::optional<ChannelSumShape> fold_sum_shape(int64_t C, int64_t R, int64_t K) {
+  ChannelSumShape s = channel_sum_shape(C, R, K, kSumMaxSplits);
+  const int64_t TF = std::min<int64_t>(C, kSumThreads);
+  int64_t JF = 1;
+  while (JF * 2 * TF <= kSumThreads) JF *= 2;
+  const int64_t tiles_f = (C + TF - 1) / TF;
+  int64_t best_cost = -1;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(kSumMaxSplits, K); ++sp) {
+    if (sp * C > kFoldMaxValues) break;
+    const int64_t chunk = (K + sp - 1) / sp;
+    const int64_t cost = (chunk + s.J - 1) / s.J + tiles_f * ((sp + JF - 1) / JF);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      s.chunk = chunk;
+    }
+  }
+  if (best_cost < 0) return std::nullopt;
+  s.splits = (K + s.chunk - 1) / s.chunk;
+  return s;
+}
+
+// TORCH_FUSED_OPS_BWD_FOLD=0 keeps the two-pass sum (read once per process). The two forms add in different orders,
+// so the multiplier and bias gradients may differ in their last bits between the settings; each is deterministic.
+bool backward_fold_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_FUSED_OPS_BWD_FOLD");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return on;
 }
 
 // Per-channel sums ([C], of type `out`: float, or the 16-bit dtype of the gradient it becomes, so that no cast
@@ -915,21 +910,6 @@ int cl_backward_items(size_t element_size) {
   return forced != 0 ? forced : element_size >= 4 ? 1 : 2;
 }
 
-// The in-kernel fold's limits: partials per group (summed by the block completing it) and group sums in all
-// (summed by the block completing the last group), each ~32 loads per thread at most.
-constexpr int64_t kFoldGroupValues = 8192;
-constexpr int64_t kFoldFinalValues = 8192;
-
-// TORCH_FUSED_OPS_BWD_FOLD=0 sums the partials with the separate kernels instead (read once per process). The two
-// sum in different orders, so the multiplier and bias gradients may differ in their last bits between settings.
-bool backward_fold_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_FUSED_OPS_BWD_FOLD");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
 // multiplier and bias partials (bias: undefined without one), or nothing when the general path must run.
 template <typename scalar_t>
@@ -964,54 +944,29 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   const auto acc_opts = go.options().dtype(at::toOpMathType(go.scalar_type())).memory_format(at::MemoryFormat::Contiguous);
   // Partials: contiguous [N, C, R] (R per plane); channels_last [blocks, C] (block partials) or [total, vec].
   const int64_t parts = channels_last ? (warp ? blocks * g.C : total * vec) : (warp ? total / 32 : total);
+  at::Tensor contrib = at::empty({parts}, acc_opts);
+  at::Tensor contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
+  // The partials viewed [K / R, C, R] for the per-channel sum (see channel_partials_sum_kernel).
+  const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? parts / (g.N * g.C) : 0);
+  const int64_t K = g.C > 0 && R > 0 ? parts / g.C : 0;
+  const std::optional<ChannelSumShape> fold =
+      backward_fold_enabled() && K > 0 ? fold_sum_shape(g.C, R, K) : std::nullopt;
+  const int operands = bias.defined() ? 2 : 1;
+  // Single-launch sum: [operands, splits, C] doubles, then the block counter (zeroed by the main kernel).
+  at::Tensor fold_scratch;
+  unsigned int* counter = nullptr;
+  double* mid = nullptr;
+  if (fold) {
+    const int64_t mid_bytes = operands * fold->splits * g.C * 8;
+    fold_scratch = at::empty({mid_bytes + 8}, go.options().dtype(at::kByte));
+    mid = reinterpret_cast<double*>(fold_scratch.mutable_data_ptr<uint8_t>());
+    counter = reinterpret_cast<unsigned int*>(fold_scratch.mutable_data_ptr<uint8_t>() + mid_bytes);
+  }
   BwdArgs<scalar_t> a{go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off.const_data_ptr<uint8_t>(),
                       mflat.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-                      grad_input.mutable_data_ptr<scalar_t>(), nullptr, nullptr,
-                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2)};
-  // The in-kernel fold (fold_partials) takes per-channel multipliers with warp or block partials, in groups small
-  // enough for one block to sum quickly; otherwise the sum kernels run after the main one.
-  const int64_t R_nc = !channels_last && warp && g.N * g.C > 0 ? parts / (g.N * g.C) : 0;
-  int64_t groups = 0;
-  if (backward_fold_enabled() && warp && mflat.numel() != 1 && g.C > 0) {
-    if (channels_last) {
-      // ~sqrt(blocks) blocks per group: the last group's sum and the final one, both on the kernel's tail, then
-      // read about the same number of values.
-      int64_t gb = 1;
-      while (gb * gb < blocks) ++gb;
-      a.group_blocks = std::max<int64_t>(1, std::min<int64_t>(gb, kFoldGroupValues / g.C));
-      groups = (blocks + a.group_blocks - 1) / a.group_blocks;
-    } else if (g.C * R_nc <= kFoldGroupValues) {
-      groups = g.N;
-    }
-    if (groups * g.C > kFoldFinalValues) groups = 0;
-  }
-  const int operands = bias.defined() ? 2 : 1;
-  at::Tensor contrib, contrib_bias, scratch, out_m, out_b;
-  if (groups > 0) {
-    // One allocation: [operands, groups, C] doubles, the float partials, then the counters (zeroed here).
-    const int64_t sums_bytes = operands * groups * g.C * 8, part_bytes = parts * 4;
-    scratch = at::empty({sums_bytes + operands * part_bytes + (groups + 1) * 4}, go.options().dtype(at::kByte));
-    uint8_t* base = scratch.mutable_data_ptr<uint8_t>();
-    a.group_sums = reinterpret_cast<double*>(base);
-    a.contrib = reinterpret_cast<acc_t*>(base + sums_bytes);
-    a.contrib_bias = bias.defined() ? reinterpret_cast<acc_t*>(base + sums_bytes + part_bytes) : nullptr;
-    a.counters = reinterpret_cast<unsigned int*>(base + sums_bytes + operands * part_bytes);
-    C10_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, static_cast<size_t>(groups + 1) * 4, stream));
-    a.groups = groups;
-    a.R = R_nc;
-    a.parts = parts;
-    out_m = at::empty(multiplier_sizes, go.options());
-    a.out_m = out_m.mutable_data_ptr<scalar_t>();
-    if (bias.defined()) {
-      out_b = at::empty(bias_sizes, go.options());
-      a.out_b = out_b.mutable_data_ptr<scalar_t>();
-    }
-  } else {
-    contrib = at::empty({parts}, acc_opts);
-    contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
-    a.contrib = contrib.mutable_data_ptr<acc_t>();
-    a.contrib_bias = contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr;
-  }
+                      grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
+                      contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
+                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2), counter};
   const bool small = g.input_numel() < (int64_t(1) << 31);
   auto go_launch = [&](auto idx) {
     using index_t = decltype(idx);
@@ -1036,15 +991,29 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
     }
   };
   small ? go_launch(int32_t{}) : go_launch(int64_t{});
-  if (groups > 0) return std::make_pair(out_m, out_b);
-  const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? contrib.numel() / (g.N * g.C) : 0);
   // Per-channel multiplier gradients come out in the gradient's dtype (no cast kernel after); a one-element
   // multiplier sums them further, so it takes float.
   const at::ScalarType out = mflat.numel() == 1 ? at::kFloat : go.scalar_type();
   const std::vector<int64_t> per_channel{g.C};
-  return sum_channel_partials(contrib, contrib_bias, g.C, R, out,
-                              mflat.numel() == 1 ? at::IntArrayRef(per_channel) : multiplier_sizes,
-                              bias.defined() ? bias_sizes : at::IntArrayRef(per_channel), stream);
+  const at::IntArrayRef m_sizes = mflat.numel() == 1 ? at::IntArrayRef(per_channel) : multiplier_sizes;
+  const at::IntArrayRef b_sizes = bias.defined() ? bias_sizes : at::IntArrayRef(per_channel);
+  if (!fold) return sum_channel_partials(contrib, contrib_bias, g.C, R, out, m_sizes, b_sizes, stream);
+  const auto opts = go.options().dtype(out);
+  at::Tensor result = at::empty(m_sizes, opts), result_bias = bias.defined() ? at::empty(b_sizes, opts) : at::Tensor();
+  // The results' type: the gradient's (scalar_t), or float for a one-element multiplier.
+  auto launch_fold = [&](auto out_tag) {
+    using out_t = decltype(out_tag);
+    const dim3 grid(static_cast<unsigned>(fold->tiles), static_cast<unsigned>(fold->splits),
+                    static_cast<unsigned>(operands));
+    launch_dependent(channel_partials_fold_kernel<out_t>, grid, dim3(kSumThreads), 0, stream,
+                     contrib.const_data_ptr<float>(),
+                     contrib_bias.defined() ? contrib_bias.const_data_ptr<float>() : nullptr, mid,
+                     result.mutable_data_ptr<out_t>(),
+                     result_bias.defined() ? result_bias.mutable_data_ptr<out_t>() : nullptr, counter, g.C, R, K,
+                     fold->chunk, fold->TC, fold->J);
+  };
+  out == at::kFloat ? launch_fold(float{}) : launch_fold(scalar_t{});
+  return std::make_pair(result, result_bias);
   }
 }
 
@@ -1219,8 +1188,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     if (fast) {
       // Per-channel sums come back in the parameter's shape and dtype; a one-element multiplier sums them further.
       auto finish = [&](const at::Tensor& per_channel, const at::Tensor& like) {
-        if (like.numel() != 1) return per_channel;
-        return per_channel.sum().reshape(like.sizes()).to(like.scalar_type()).contiguous();
+        if (like.numel() != 1 && per_channel.scalar_type() == like.scalar_type()) return per_channel;
+        // A one-element multiplier's float sums (and, beside it, the bias's): summed further and cast here.
+        at::Tensor total = like.numel() == 1 ? per_channel.sum() : per_channel;
+        return total.reshape(like.sizes()).to(like.scalar_type()).contiguous();
       };
       at::Tensor grad_bias = bias != nullptr ? finish(fast->second, *bias) : at::Tensor();
       return {grad_input, grad_bias, finish(fast->first, multiplier)};
