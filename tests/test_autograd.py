@@ -494,10 +494,10 @@ print("ok")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's launch settings")
 def test_backward_pdl_and_fold_settings_cuda(tmp_path):
     # TORCH_FUSED_OPS_PDL=0 launches the backward's kernels plainly (1, the default: dependent launches on Hopper);
-    # TORCH_FUSED_OPS_BWD_FOLD=0 sums the per-channel partials with separate kernels (1, the default: in the main
-    # kernel). Both are read once per process, so each combination runs in a child. Dependent launches change no
-    # bits; the fold sums in another order, so its multiplier and bias gradients agree to rounding, and its
-    # grad_input is the same bits.
+    # TORCH_FUSED_OPS_BWD_FOLD=0 sums the per-channel partials in two passes where one does not suffice (1, the
+    # default: one launch whose last block folds the ranges). Both are read once per process, so each combination
+    # runs in a child. Dependent launches change no bits; the fold sums in another order, so its multiplier and
+    # bias gradients agree to rounding, and its grad_input is the same bits.
     import os
     import subprocess
     import sys

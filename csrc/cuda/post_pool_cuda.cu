@@ -761,8 +761,9 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
   if (j == 0 && c < C) dst[static_cast<int64_t>(blockIdx.y) * C + c] = sum_result<out_t>(lanes[threadIdx.x]);
 }
 
-// The single-launch form (the default): the same per-range sums go to mid, [operands, splits, C] doubles; the
-// block counted last then sums mid over the ranges, in a fixed order whichever block that is, into the results.
+// The single-launch form (the default where the sum would otherwise take two passes): the same per-range sums go
+// to mid, [operands, splits, C] doubles; the block counted last then sums mid over the ranges, in a fixed order
+// whichever block that is, into the results.
 // This replaced a second launch that, like the first, was latency-bound: on the H200 the two took 8.0-8.8 us per
 // channels_last call (the contiguous layout's single pass 3.1-4.8 us) against main kernels of 46-91 us. The
 // counter is zeroed by the main backward kernel, which completes before this grid reads it. All fences here are
@@ -949,8 +950,13 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   // The partials viewed [K / R, C, R] for the per-channel sum (see channel_partials_sum_kernel).
   const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? parts / (g.N * g.C) : 0);
   const int64_t K = g.C > 0 && R > 0 ? parts / g.C : 0;
+  // Only where the sum would otherwise take two passes (channels_last at the default size): on the H200 (call 4,
+  // docs/notes.md) the fold kernel took 6.1-7.9 us there against 7.7-8.8 us for the two passes, but 4.7-5.1 us
+  // against 3.1-4.6 us for the contiguous layout's single pass.
   const std::optional<ChannelSumShape> fold =
-      backward_fold_enabled() && K > 0 ? fold_sum_shape(g.C, R, K) : std::nullopt;
+      backward_fold_enabled() && K > 0 && channel_sum_shape(g.C, R, K, kSumMaxSplits).splits > 1
+          ? fold_sum_shape(g.C, R, K)
+          : std::nullopt;
   const int operands = bias.defined() ? 2 : 1;
   // Single-launch sum: [operands, splits, C] doubles, then the block counter (zeroed by the main kernel).
   at::Tensor fold_scratch;
