@@ -467,6 +467,40 @@ def test_backward_back_to_back_cuda(layout, dtype):
         torch.testing.assert_close(racing[-1][1].double(), gm_e, **grad_multiplier_tol(x, gs[-1], dtype))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_backward_in_cuda_graph_cuda(layout):
+    # The backward's launches (plain inside a capture, dependent outside it on Hopper; the single-launch sum whose
+    # block counter the main kernel zeroes) must capture into a CUDA graph, as torch.compile's
+    # mode="reduce-overhead" does for training, and replay to the same bits as a call outside the graph, with new
+    # inputs copied into the captured ones.
+    shape = (4, 16, 32, 64, 64)  # channels_last: the single-launch sum; contiguous: the one-pass sum
+    cl = layout == "channels_last"
+    fmt = torch.channels_last_3d if cl else torch.contiguous_format
+    x = make_input(shape, torch.float32, "cuda", layout, seed=41)
+    m = make_multiplier("C111", 16, torch.float32, "cuda")
+    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+    gs = [torch.randn(sel.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+          .contiguous(memory_format=fmt) for i in range(3)]
+    static_g = gs[0].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _backward_op(static_g, sel, off, m, shape, cl)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = _backward_op(static_g, sel, off, m, shape, cl)
+    for i, g in enumerate(gs):
+        static_g.copy_(g)
+        graph.replay()
+        torch.cuda.synchronize()
+        alone = _backward_op(g, sel, off, m, shape, cl)
+        torch.cuda.synchronize()
+        assert_bitwise_equal(static_out[0], alone[0], f"grad_input, replay {i}")
+        assert_bitwise_equal(static_out[1], alone[1], f"grad_multiplier, replay {i}")
+
+
 _SETTINGS_CHILD = """
 import sys, torch, torch_fused_ops
 sys.path.insert(0, sys.argv[1])

@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -70,20 +71,27 @@ bool pdl_enabled() {
   if (!env_on) return false;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  static int major[64] = {};  // compute capability major per device ordinal, 0 = not yet asked
+  // Compute capability major per device ordinal, 0 = not yet asked (atomic: calls may come from several threads).
+  static std::atomic<int> major[64];
   if (device < 0 || device >= 64) return false;
-  if (major[device] == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major[device], cudaDevAttrComputeCapabilityMajor, device));
+  int cc = major[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device));
+    major[device].store(cc, std::memory_order_relaxed);
   }
-  return major[device] >= 9;
+  return cc >= 9;
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch where enabled.
 // Only kernels that call wait_for_prior_grid() before their first global memory access may go through here.
+// Inside a CUDA-graph capture it launches plainly: dependent launches in captured graphs have not run on our GPU
+// machine yet, and graph replay already removes most of the gaps between launches.
 template <typename... KernelArgs, typename... Args>
 void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                       Args&&... args) {
-  if (!pdl_enabled()) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (!pdl_enabled() || capture != cudaStreamCaptureStatusNone) {
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
