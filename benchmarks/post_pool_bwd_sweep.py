@@ -1,6 +1,6 @@
 """Settings of the CUDA backward, swept: packs per thread of the channels_last kernel
-(TORCH_FUSED_OPS_CL_BWD_ITEMS), dependent launches (TORCH_FUSED_OPS_PDL) and the in-kernel fold of the
-per-channel partials (TORCH_FUSED_OPS_BWD_FOLD).
+(TORCH_FUSED_OPS_CL_BWD_ITEMS), dependent launches (TORCH_FUSED_OPS_PDL) and the single-launch sum of the
+per-channel partials where two passes would run otherwise (TORCH_FUSED_OPS_BWD_FOLD).
 
     python benchmarks/post_pool_bwd_sweep.py [--items 1,2,4,8] [--pdl 0,1] [--fold 0,1] [--shape 16,32,32,64,64]
 
@@ -106,7 +106,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", default="1,2,4,8")
     ap.add_argument("--pdl", default="1", help="TORCH_FUSED_OPS_PDL values (1: dependent launches, 0: plain)")
-    ap.add_argument("--fold", default="1", help="TORCH_FUSED_OPS_BWD_FOLD values (1: in-kernel, 0: sum kernels)")
+    ap.add_argument("--fold", default="1", help="TORCH_FUSED_OPS_BWD_FOLD values (1: single-launch sum, 0: two passes)")
     ap.add_argument("--shape", default="16,32,32,64,64")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
