@@ -706,19 +706,21 @@ ChannelSumShape channel_sum_shape(int64_t C, int64_t R, int64_t K, int64_t max_s
   return s;
 }
 
-// One block's share: the sums over range blockIdx.y of K for channel tile blockIdx.x, left in lanes[tc] (read by
-// the threads with j == 0 and c < C). Every thread of the block calls it.
+// One block's share: the sums over range `range` of K for channel tile `tile`, left in lanes[threadIdx.x] of the
+// threads with j == 0 and c < C (each reads only its own slot, so calls may follow each other without a barrier).
+// Every thread of the block calls it. Loads bypass L1: the single-launch sum also reads values that other blocks of
+// the same grid wrote.
 template <typename in_t>
 __device__ __forceinline__ void channel_range_sums(const in_t* __restrict__ src, int64_t C, int64_t R, int64_t K,
-                                                   int64_t chunk, int TC, int J, double* lanes, int64_t& c,
-                                                   int& j) {
+                                                   int64_t chunk, int TC, int J, int64_t tile, int64_t range,
+                                                   double* lanes, int64_t& c, int& j) {
   const int t = threadIdx.x;
   const int tc = t % TC;
   j = t / TC;  // j >= J: an idle thread (kSumThreads not a multiple of TC)
-  c = static_cast<int64_t>(blockIdx.x) * TC + tc;
+  c = tile * TC + tc;
   double acc = 0;
   if (j < J && c < C) {
-    const int64_t k_begin = static_cast<int64_t>(blockIdx.y) * chunk;
+    const int64_t k_begin = range * chunk;
     const int64_t k_end = K - k_begin < chunk ? K : k_begin + chunk;
     int64_t k = k_begin + j;
     // (n, r) of k, stepped by J without a division per element.
@@ -726,7 +728,7 @@ __device__ __forceinline__ void channel_range_sums(const in_t* __restrict__ src,
     const int64_t dn = J / R, dr = J % R;
 #pragma unroll 4
     for (; k < k_end; k += J) {
-      acc += static_cast<double>(src[(n * C + c) * R + r]);
+      acc += static_cast<double>(__ldcg(src + (n * C + c) * R + r));
       n += dn;
       r += dr;
       if (r >= R) {
@@ -764,7 +766,7 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
   allow_dependent_launch();
   int64_t c;
   int j;
-  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, lanes, c, j);
+  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, blockIdx.x, blockIdx.y, lanes, c, j);
   out_t* __restrict__ dst = blockIdx.z == 0 ? dst0 : dst1;
   if (j == 0 && c < C) dst[static_cast<int64_t>(blockIdx.y) * C + c] = sum_result<out_t>(lanes[threadIdx.x]);
 }
@@ -780,14 +782,14 @@ template <typename out_t>
 __global__ void __launch_bounds__(kSumThreads) channel_partials_fold_kernel(
     const float* __restrict__ src0, const float* __restrict__ src1, double* __restrict__ mid,
     out_t* __restrict__ dst0, out_t* __restrict__ dst1, unsigned int* counter, int64_t C, int64_t R, int64_t K,
-    int64_t chunk, int TC, int J) {
+    int64_t chunk, int TC, int J, int TC_fold, int J_fold) {
   __shared__ double lanes[kSumThreads];
   __shared__ bool last;
   wait_for_prior_grid();
   allow_dependent_launch();
   int64_t c;
   int j;
-  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, lanes, c, j);
+  channel_range_sums(blockIdx.z == 0 ? src0 : src1, C, R, K, chunk, TC, J, blockIdx.x, blockIdx.y, lanes, c, j);
   const int64_t splits = gridDim.y;
   if (j == 0 && c < C) mid[(blockIdx.z * splits + blockIdx.y) * C + c] = lanes[threadIdx.x];
   __threadfence();
@@ -799,29 +801,12 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_fold_kernel(
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // mid[z] viewed [splits, C]: TF channels per step, JF lanes over the splits, then a fixed tree.
-  const int TF = static_cast<int>(std::min<int64_t>(C, kSumThreads));
-  int JF = 1;
-  while (JF * 2 * TF <= kSumThreads) JF *= 2;
-  const int t = threadIdx.x, tf = t % TF, jf = t / TF;
+  // mid[z] viewed [splits, C] (R = 1), summed over its one range of all splits, channel tile by tile.
   for (unsigned z = 0; z < gridDim.z; ++z) {
-    const double* m = mid + z * splits * C;
     out_t* dst = z == 0 ? dst0 : dst1;
-    for (int64_t c0 = 0; c0 < C; c0 += TF) {
-      const int64_t cc = c0 + tf;
-      double acc = 0;
-      if (jf < JF && cc < C) {
-#pragma unroll 4
-        for (int64_t k = jf; k < splits; k += JF) acc += __ldcg(m + k * C + cc);
-      }
-      lanes[t] = acc;
-      __syncthreads();
-      for (int h = JF / 2; h > 0; h >>= 1) {
-        if (jf < h) lanes[t] += lanes[t + h * TF];
-        __syncthreads();
-      }
-      if (jf == 0 && cc < C) dst[cc] = sum_result<out_t>(lanes[tf]);
-      __syncthreads();
+    for (int64_t tile = 0; tile * TC_fold < C; ++tile) {
+      channel_range_sums(mid + z * splits * C, C, 1, splits, splits, TC_fold, J_fold, tile, 0, lanes, c, j);
+      if (j == 0 && c < C) dst[c] = sum_result<out_t>(lanes[threadIdx.x]);
     }
   }
 }
@@ -834,22 +819,19 @@ void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* 
                    dst1, C, R, K, s.chunk, s.TC, s.J);
 }
 
-// The single-launch sum's shape: ranges of K chosen so that a thread's loads in the first step (its range) and in
-// the last block's fold (over the ranges) are about equal, both on the critical path. Fold it only while the last
-// block's share stays small (splits * C bounded); otherwise the two-pass form.
+// The single-launch sum's shape: `first` (the first pass's channel tiles and lanes) with ranges of K chosen so
+// that a thread's loads in the first step (its range) and in the last block's fold (over the ranges, with the
+// second pass's shape) are about equal, both on the critical path. Fold it only while the last block's share stays
+// small (splits * C bounded); otherwise the two-pass form.
 constexpr int64_t kFoldMaxValues = 16384;
 
-std::optional<ChannelSumShape> fold_sum_shape(int64_t C, int64_t R, int64_t K) {
-  ChannelSumShape s = channel_sum_shape(C, R, K, kSumMaxSplits);
-  const int64_t TF = std::min<int64_t>(C, kSumThreads);
-  int64_t JF = 1;
-  while (JF * 2 * TF <= kSumThreads) JF *= 2;
-  const int64_t tiles_f = (C + TF - 1) / TF;
+std::optional<ChannelSumShape> fold_sum_shape(ChannelSumShape s, int64_t C, int64_t K) {
+  const ChannelSumShape last = channel_sum_shape(C, 1, 1, 1);  // its tiles and lanes do not depend on the splits
   int64_t best_cost = -1;
   for (int64_t sp = 1; sp <= std::min<int64_t>(kSumMaxSplits, K); ++sp) {
     if (sp * C > kFoldMaxValues) break;
     const int64_t chunk = (K + sp - 1) / sp;
-    const int64_t cost = (chunk + s.J - 1) / s.J + tiles_f * ((sp + JF - 1) / JF);
+    const int64_t cost = (chunk + s.J - 1) / s.J + last.tiles * ((sp + last.J - 1) / last.J);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       s.chunk = chunk;
@@ -870,28 +852,63 @@ bool backward_fold_enabled() {
   return on;
 }
 
-// Per-channel sums ([C], of type `out`: float, or the 16-bit dtype of the gradient it becomes, so that no cast
-// kernel follows) of float partials viewed [K / R, C, R], and of bias partials when defined. One launch when one
-// range per channel suffices (the contiguous fast path at its usual sizes); otherwise a first launch writes double
-// sums per range, [splits, C], and a second folds them.
-// The results take the shapes `sizes` and `sizes_bias` (C elements each: the parameter's own shape, so that no
-// reshape follows on the host).
-std::pair<at::Tensor, at::Tensor> sum_channel_partials(const at::Tensor& part, const at::Tensor& part_bias,
-                                                       int64_t C, int64_t R, at::ScalarType out,
+// How the per-channel sum of a backward's partials (float, viewed [K / R, C, R]) runs: the shape of its first
+// pass, which is all when one range per channel suffices (the contiguous fast path at its usual sizes), and,
+// where it would take two passes, the single-launch form's shape and scratch ([operands, splits, C] double sums,
+// then the block counter). Made before the main kernel launches, because that kernel zeroes the counter.
+struct ChannelSumPlan {
+  int64_t C = 0, R = 0, K = 0;
+  ChannelSumShape first{};
+  std::optional<ChannelSumShape> fold;
+  at::Tensor scratch;
+  double* mid = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+ChannelSumPlan plan_channel_sum(int64_t C, int64_t R, int64_t parts, int operands, const at::TensorOptions& opts) {
+  ChannelSumPlan p;
+  p.C = C, p.R = R, p.K = C > 0 && R > 0 ? parts / C : 0;
+  if (p.K == 0) return p;
+  p.first = channel_sum_shape(C, R, p.K, kSumMaxSplits);
+  // Only where the sum would otherwise take two passes (channels_last at the default size): on the H200 (call 4,
+  // docs/notes.md) the fold kernel took 6.1-7.9 us there against 7.7-8.8 us for the two passes, but 4.7-5.1 us
+  // against 3.1-4.6 us for the contiguous layout's single pass.
+  if (backward_fold_enabled() && p.first.splits > 1) p.fold = fold_sum_shape(p.first, C, p.K);
+  if (p.fold) {
+    const int64_t mid_bytes = operands * p.fold->splits * C * 8;
+    p.scratch = at::empty({mid_bytes + 8}, opts.dtype(at::kByte));
+    uint8_t* base = p.scratch.mutable_data_ptr<uint8_t>();
+    p.mid = reinterpret_cast<double*>(base);
+    p.counter = reinterpret_cast<unsigned int*>(base + mid_bytes);
+  }
+  return p;
+}
+
+// Per-channel sums of the partials `part` (and `part_bias` when defined), as planned, in the type `out`: float, or
+// the 16-bit dtype of the gradient they become, so that no cast kernel follows. The results take the shapes `sizes`
+// and `sizes_bias` (C elements each: the parameter's own shape, so that no reshape follows on the host).
+std::pair<at::Tensor, at::Tensor> sum_channel_partials(const ChannelSumPlan& plan, const at::Tensor& part,
+                                                       const at::Tensor& part_bias, at::ScalarType out,
                                                        at::IntArrayRef sizes, at::IntArrayRef sizes_bias,
                                                        cudaStream_t stream) {
   const auto opts = part.options().dtype(out);
   const bool two = part_bias.defined();
-  const int64_t K = C > 0 && R > 0 ? part.numel() / C : 0;
+  const int64_t C = plan.C, R = plan.R, K = plan.K;
   if (K == 0) return {at::zeros(sizes, opts), two ? at::zeros(sizes_bias, opts) : at::Tensor()};
   at::Tensor result = at::empty(sizes, opts), result_bias = two ? at::empty(sizes_bias, opts) : at::Tensor();
   const float* s0 = part.const_data_ptr<float>();
   const float* s1 = two ? part_bias.const_data_ptr<float>() : nullptr;
-  const ChannelSumShape first = channel_sum_shape(C, R, K, kSumMaxSplits);
+  const ChannelSumShape& first = plan.first;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out, "fused_post_pool_channel_sum", [&] {
     scalar_t* d0 = result.mutable_data_ptr<scalar_t>();
     scalar_t* d1 = two ? result_bias.mutable_data_ptr<scalar_t>() : nullptr;
-    if (first.splits == 1) {
+    if (plan.fold) {
+      const ChannelSumShape& f = *plan.fold;
+      const ChannelSumShape last = channel_sum_shape(C, 1, f.splits, 1);
+      const dim3 grid(static_cast<unsigned>(f.tiles), static_cast<unsigned>(f.splits), two ? 2u : 1u);
+      launch_dependent(channel_partials_fold_kernel<scalar_t>, grid, dim3(kSumThreads), 0, stream, s0, s1, plan.mid,
+                       d0, d1, plan.counter, C, R, K, f.chunk, f.TC, f.J, last.TC, last.J);
+    } else if (first.splits == 1) {
       launch_channel_sum<float, scalar_t>(s0, s1, d0, d1, C, R, K, first, stream);
     } else {
       at::Tensor mid = at::empty({two ? 2 : 1, first.splits, C}, part.options().dtype(at::kDouble));
@@ -957,30 +974,12 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   at::Tensor contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
   // The partials viewed [K / R, C, R] for the per-channel sum (see channel_partials_sum_kernel).
   const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? parts / (g.N * g.C) : 0);
-  const int64_t K = g.C > 0 && R > 0 ? parts / g.C : 0;
-  // Only where the sum would otherwise take two passes (channels_last at the default size): on the H200 (call 4,
-  // docs/notes.md) the fold kernel took 6.1-7.9 us there against 7.7-8.8 us for the two passes, but 4.7-5.1 us
-  // against 3.1-4.6 us for the contiguous layout's single pass.
-  const std::optional<ChannelSumShape> fold =
-      backward_fold_enabled() && K > 0 && channel_sum_shape(g.C, R, K, kSumMaxSplits).splits > 1
-          ? fold_sum_shape(g.C, R, K)
-          : std::nullopt;
-  const int operands = bias.defined() ? 2 : 1;
-  // Single-launch sum: [operands, splits, C] doubles, then the block counter (zeroed by the main kernel).
-  at::Tensor fold_scratch;
-  unsigned int* counter = nullptr;
-  double* mid = nullptr;
-  if (fold) {
-    const int64_t mid_bytes = operands * fold->splits * g.C * 8;
-    fold_scratch = at::empty({mid_bytes + 8}, go.options().dtype(at::kByte));
-    mid = reinterpret_cast<double*>(fold_scratch.mutable_data_ptr<uint8_t>());
-    counter = reinterpret_cast<unsigned int*>(fold_scratch.mutable_data_ptr<uint8_t>() + mid_bytes);
-  }
+  const ChannelSumPlan plan = plan_channel_sum(g.C, R, parts, bias.defined() ? 2 : 1, go.options());
   BwdArgs<scalar_t> a{go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off.const_data_ptr<uint8_t>(),
                       mflat.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
                       grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
                       contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
-                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2), counter};
+                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2), plan.counter};
   const bool small = g.input_numel() < (int64_t(1) << 31);
   auto go_launch = [&](auto idx) {
     using index_t = decltype(idx);
@@ -1011,23 +1010,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   const std::vector<int64_t> per_channel{g.C};
   const at::IntArrayRef m_sizes = mflat.numel() == 1 ? at::IntArrayRef(per_channel) : multiplier_sizes;
   const at::IntArrayRef b_sizes = bias.defined() ? bias_sizes : at::IntArrayRef(per_channel);
-  if (!fold) return sum_channel_partials(contrib, contrib_bias, g.C, R, out, m_sizes, b_sizes, stream);
-  const auto opts = go.options().dtype(out);
-  at::Tensor result = at::empty(m_sizes, opts), result_bias = bias.defined() ? at::empty(b_sizes, opts) : at::Tensor();
-  // The results' type: the gradient's (scalar_t), or float for a one-element multiplier.
-  auto launch_fold = [&](auto out_tag) {
-    using out_t = decltype(out_tag);
-    const dim3 grid(static_cast<unsigned>(fold->tiles), static_cast<unsigned>(fold->splits),
-                    static_cast<unsigned>(operands));
-    launch_dependent(channel_partials_fold_kernel<out_t>, grid, dim3(kSumThreads), 0, stream,
-                     contrib.const_data_ptr<float>(),
-                     contrib_bias.defined() ? contrib_bias.const_data_ptr<float>() : nullptr, mid,
-                     result.mutable_data_ptr<out_t>(),
-                     result_bias.defined() ? result_bias.mutable_data_ptr<out_t>() : nullptr, counter, g.C, R, K,
-                     fold->chunk, fold->TC, fold->J);
-  };
-  out == at::kFloat ? launch_fold(float{}) : launch_fold(scalar_t{});
-  return std::make_pair(result, result_bias);
+  return sum_channel_partials(plan, contrib, contrib_bias, out, m_sizes, b_sizes, stream);
   }
 }
 
