@@ -501,6 +501,19 @@ def test_backward_in_cuda_graph_cuda(layout):
         assert_bitwise_equal(static_out[1], alone[1], f"grad_multiplier, replay {i}")
 
 
+def _run_child(script, settings, *args):
+    """Runs `script` (python -c) in a child process with the environment variables `settings` added, tests/ and
+    `args` as its arguments: the backward's settings are read once per process. The child must print "ok" last."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", script, here, *map(str, args)], env=dict(os.environ, **settings),
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 _SETTINGS_CHILD = """
 import sys, torch, torch_fused_ops
 sys.path.insert(0, sys.argv[1])
@@ -532,19 +545,11 @@ def test_backward_pdl_and_fold_settings_cuda(tmp_path):
     # default: one launch whose last block folds the ranges). Both are read once per process, so each combination
     # runs in a child. Dependent launches change no bits; the fold sums in another order, so its multiplier and
     # bias gradients agree to rounding, and its grad_input is the same bits.
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
     results = {}
     for pdl in ("0", "1"):
         for fold in ("0", "1"):
             path = tmp_path / f"pdl{pdl}_fold{fold}.pt"
-            env = dict(os.environ, TORCH_FUSED_OPS_PDL=pdl, TORCH_FUSED_OPS_BWD_FOLD=fold)
-            r = subprocess.run([sys.executable, "-c", _SETTINGS_CHILD, here, str(path)], env=env,
-                               capture_output=True, text=True)
-            assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+            _run_child(_SETTINGS_CHILD, dict(TORCH_FUSED_OPS_PDL=pdl, TORCH_FUSED_OPS_BWD_FOLD=fold), path)
             results[pdl, fold] = torch.load(path)
     assert len(results["0", "0"]) == 8
     for fold in ("0", "1"):
@@ -589,11 +594,4 @@ def test_channels_last_backward_items_setting_cuda(items):
     # TORCH_FUSED_OPS_CL_BWD_ITEMS (read once per process, so a child process each) picks how many packs each
     # thread of the channels_last backward takes; every value gives eager's gradients, and an unsupported one
     # ("3") falls back to the default rather than failing.
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TORCH_FUSED_OPS_CL_BWD_ITEMS=items)
-    r = subprocess.run([sys.executable, "-c", _ITEMS_CHILD, here], env=env, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    _run_child(_ITEMS_CHILD, dict(TORCH_FUSED_OPS_CL_BWD_ITEMS=items))
