@@ -208,29 +208,5 @@ def _backward_bias(ctx, grad_out, _grad_selected, _grad_offsets):
 torch.library.register_autograd("fused::post_pool_bias_with_offsets", _backward_bias,
                                 setup_context=_setup_context_bias)
 
-# post_pool's own Autograd kernel: when a gradient is needed, run the training forward (whose autograd saves
-# pooled-size tensors only); otherwise the inference kernel.
-_lib = torch.library.Library("fused", "IMPL")
-
-
-def _post_pool_autograd(*args, **kwargs):
-    input, multiplier = args[0], args[1]
-    if torch.is_grad_enabled() and (input.requires_grad or multiplier.requires_grad):
-        return _ops.post_pool_with_offsets.default(*args, **kwargs)[0]
-    # A fresh call below autograd rather than OpOverload.redispatch: on torch 2.11 an argument error raised by
-    # the kernel under redispatch crashed the process (seen on the H200 machine) instead of raising.
-    with torch._C._AutoDispatchBelowAutograd():
-        return _ops.post_pool.default(*args, **kwargs)
-
-
-_lib.impl("post_pool", _post_pool_autograd, "Autograd")
-
-
-def _post_pool_bias_autograd(*args, **kwargs):
-    if torch.is_grad_enabled() and any(a.requires_grad for a in args[:3]):
-        return _ops.post_pool_bias_with_offsets.default(*args, **kwargs)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        return _ops.post_pool_bias.default(*args, **kwargs)
-
-
-_lib.impl("post_pool_bias", _post_pool_bias_autograd, "Autograd")
+# post_pool's and post_pool_bias's own Autograd kernels (csrc/post_pool_autograd.cpp) run the training forward
+# above when a gradient is needed, the inference kernel otherwise. They are C++ because they run on every call.

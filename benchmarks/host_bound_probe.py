@@ -1,0 +1,107 @@
+"""Is a block-timer median the device's time or the host's? For the fused forward and backward at one size.
+
+    python benchmarks/host_bound_probe.py [--shape 16,32,32,64,64] [--reps 30]
+
+For each dtype, layout and call it prints three figures:
+- "block us": the bench's timer (torch_fused_ops._timing.median_us): blocks of back-to-back calls between two
+  events. Where the host's work per call exceeds the device's, this is the host's time.
+- "queued us": the same blocks, each preceded by a sleep kernel long enough for the host to enqueue the whole
+  block before the device reaches it, so the device never waits for the host: the device's steady-state time per
+  call, launch gaps included (what triton.testing.do_bench's cache-flush kernel achieves the same way).
+- "host us": the host's cost of one call while the device is held busy.
+When block > queued by more than noise, the block median is host-bound.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import torch_fused_ops
+from torch_fused_ops._timing import copy_bandwidth, median_us
+
+SLOPE = 0.2
+
+
+def queued_us(fn, reps=30, block=20, sleep_cycles=8_000_000):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda._sleep(sleep_cycles)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(block):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / block)
+    return statistics.median(times)
+
+
+def host_us(fn, n=50):
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="16,32,32,64,64")
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    shape = [int(v) for v in a.shape.split(",")]
+    dev = torch.device("cuda")
+    bw = copy_bandwidth(dev)
+    N, C, D, H, W = shape
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for fmt, layout in ((torch.contiguous_format, "contiguous"), (torch.channels_last_3d, "channels_last_3d")):
+            torch.manual_seed(0)
+            x = torch.randn(shape, device=dev, dtype=dtype).contiguous(memory_format=fmt)
+            m = torch.randn(C, 1, 1, 1, device=dev, dtype=dtype)
+            _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, SLOPE, [2, 2, 2])
+            g = torch.randn_like(sel)
+            cl = fmt == torch.channels_last_3d
+            es = x.element_size()
+            floors = {"forward": (x.numel() + sel.numel()) * es / bw * 1e6,
+                      "backward": (sel.numel() * (2 * es + 1) + x.numel() * es) / bw * 1e6}
+            op = torch.ops.fused.post_pool.default
+
+            def fwd_wrapper():
+                return torch_fused_ops.post_pool(x, m, SLOPE, 2)
+
+            def fwd_below_autograd():
+                with torch._C._AutoDispatchBelowAutograd():
+                    return op(x, m, SLOPE, [2], [], [0], [1], False, None)
+
+            def bwd():
+                return torch.ops.fused.post_pool_backward(g, sel, off, m, SLOPE, None, list(shape), [2, 2, 2],
+                                                          [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)
+            with torch.no_grad():
+                for what, name, fn in (("forward", "wrapper", fwd_wrapper),
+                                       ("forward", "op below autograd", fwd_below_autograd),
+                                       ("backward", "op", bwd)):
+                    b = median_us(fn, dev, reps=a.reps)
+                    q = queued_us(fn, reps=a.reps)
+                    h = host_us(fn)
+                    f = floors[what]
+                    rows.append(f"| {what} | {name} | {str(dtype)[6:]} | {layout} | {b:.1f} | {f / b:.0%} | {q:.1f} | "
+                                f"{f / q:.0%} | {h:.1f} |")
+                    print(rows[-1], flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, shape {shape}, copy {bw / 1e9:.0f} GB/s")
+    print("| pass | call | dtype | layout | block us | % floor | queued us | % floor | host us |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
