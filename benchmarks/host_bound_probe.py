@@ -6,15 +6,14 @@ For each dtype, layout and call it prints three figures:
 - "block us": the bench's timer (torch_fused_ops._timing.median_us): blocks of back-to-back calls between two
   events. Where the host's work per call exceeds the device's, this is the host's time.
 - "queued us": the same blocks, each preceded by a sleep kernel long enough for the host to enqueue the whole
-  block before the device reaches it, so the device never waits for the host: the device's steady-state time per
-  call, launch gaps included (what triton.testing.do_bench's cache-flush kernel achieves the same way).
+  block before the device reaches it (median_us(hide_host=True)), so the device never waits for the host: the
+  device's steady-state time per call, launch gaps included.
 - "host us": the host's cost of one call while the device is held busy.
 When block > queued by more than noise, the block median is host-bound.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -23,23 +22,6 @@ import torch_fused_ops
 from torch_fused_ops._timing import copy_bandwidth, median_us
 
 SLOPE = 0.2
-
-
-def queued_us(fn, reps=30, block=20, sleep_cycles=8_000_000):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(sleep_cycles)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(block):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / block)
-    return statistics.median(times)
 
 
 def host_us(fn, n=50):
@@ -91,7 +73,7 @@ def main():
                                        ("forward", "op below autograd", fwd_below_autograd),
                                        ("backward", "op", bwd)):
                     b = median_us(fn, dev, reps=a.reps)
-                    q = queued_us(fn, reps=a.reps)
+                    q = median_us(fn, dev, reps=a.reps, hide_host=True)
                     h = host_us(fn)
                     f = floors[what]
                     rows.append(f"| {what} | {name} | {str(dtype)[6:]} | {layout} | {b:.1f} | {f / b:.0%} | {q:.1f} | "

@@ -382,12 +382,12 @@ def test_multiplier_grad_ignores_unselected_nonfinite_inputs():
 
 
 # Shapes that take each branch of the CUDA backward fast path: contiguous with a pooled plane that is a multiple
-# of 32 packs (per-warp reduction) or not; channels_last with 256 % (C / VEC) == 0 (per-block partials) or not
+# of 256 packs (per-block partials: 1x4x8x32x64), of 32 packs (per-warp) or neither; channels_last with 256 % (C / VEC) == 0 (per-block partials) or not
 # (C = 12), with whole blocks and with a last block part-filled (3x16x6x10x14: several blocks and a tail at any
 # packs-per-thread setting); an odd width that leaves the fast path; and a pooled row of 101 outputs, which the CPU
 # kernel takes in chunks of 64. All against eager autograd.
 BACKWARD_PATH_SHAPES = [(2, 8, 8, 16, 16), (2, 6, 4, 6, 12), (1, 12, 4, 6, 8), (2, 32, 4, 4, 8), (1, 4, 4, 6, 10),
-                        (3, 16, 6, 10, 14), (1, 4, 2, 4, 202)]
+                        (3, 16, 6, 10, 14), (1, 4, 2, 4, 202), (1, 4, 8, 32, 64)]
 
 
 @pytest.mark.parametrize("shape", BACKWARD_PATH_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -416,9 +416,8 @@ def test_grads_2x2x2_backward_paths(device, layout, dtype, shape):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's per-channel reduction")
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_grad_multiplier_is_deterministic_on_cuda(layout):
-    # The multiplier gradient sums per-warp (contiguous) or per-block (channels_last) partials in a fixed order
-    # (no atomics): repeated calls agree bit for bit. Large enough that the channels_last reduction takes its
-    # two-launch form.
+    # The multiplier gradient sums per-block partials in a fixed order (no atomics): repeated calls agree bit for
+    # bit. (The single-launch sum over many partials: test_backward_back_to_back_cuda's C=24 case.)
     x = make_input((4, 16, 32, 64, 64), torch.float32, "cuda", layout, seed=3)
     m = make_multiplier("C111", 16, torch.float32, "cuda")
     cfg = POOL_CONFIGS["k2s2"]
@@ -438,15 +437,19 @@ def _backward_op(g, sel, off, m, shape, channels_last):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's dependent launches")
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_backward_back_to_back_cuda(layout, dtype):
+@pytest.mark.parametrize("channels", [16, "many partials"])
+def test_backward_back_to_back_cuda(channels, layout, dtype):
     # The fast backward is a main kernel and one or two per-channel sum kernels, launched as programmatic
     # dependent launches on Hopper: a kernel's blocks may start before the previous grid ends and must wait for it
     # before touching memory. Calls issued back to back without synchronizing reuse each other's freed partial
     # buffers, so a missing wait would show as a gradient that differs from the same call run alone.
-    # Large enough for the channels_last sum's two passes (the contiguous one always takes one).
-    shape = (4, 16, 32, 64, 64) if dtype == torch.float32 else (16, 16, 32, 64, 64)
+    # C=16 gives per-block partials (a one-pass sum); channels_last with C=24 (float32) or 48 (bf16) is not a
+    # divisor-friendly channel count, so each pack writes its own partials and the sum takes its single-launch form
+    # (ranges, then the last block's fold).
+    C = 16 if channels == 16 else (24 if dtype == torch.float32 else 48)
+    shape = (4, C, 32, 64, 64) if dtype == torch.float32 else (16 if C == 16 else 4, C, 32, 64, 64)
     x = make_input(shape, dtype, "cuda", layout, seed=21)
-    m = make_multiplier("C111", 16, dtype, "cuda")
+    m = make_multiplier("C111", C, dtype, "cuda")
     _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
     cl = layout == "channels_last"
     fmt = torch.channels_last_3d if cl else torch.contiguous_format
@@ -474,11 +477,12 @@ def test_backward_in_cuda_graph_cuda(layout):
     # block counter the main kernel zeroes) must capture into a CUDA graph, as torch.compile's
     # mode="reduce-overhead" does for training, and replay to the same bits as a call outside the graph, with new
     # inputs copied into the captured ones.
-    shape = (4, 16, 32, 64, 64)  # channels_last: the single-launch sum; contiguous: the one-pass sum
+    # channels_last C=24: per-pack partials and the single-launch sum; contiguous: per-block partials, one pass.
+    shape = (4, 24, 32, 64, 64) if layout == "channels_last" else (4, 16, 32, 64, 64)
     cl = layout == "channels_last"
     fmt = torch.channels_last_3d if cl else torch.contiguous_format
     x = make_input(shape, torch.float32, "cuda", layout, seed=41)
-    m = make_multiplier("C111", 16, torch.float32, "cuda")
+    m = make_multiplier("C111", shape[1], torch.float32, "cuda")
     _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
     gs = [torch.randn(sel.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
           .contiguous(memory_format=fmt) for i in range(3)]
@@ -520,12 +524,15 @@ sys.path.insert(0, sys.argv[1])
 from fused_testing import make_input, make_multiplier
 from test_autograd import _backward_op
 out = []
-for dtype in (torch.float32, torch.bfloat16):
-    for cl in (False, True):
-        shape = (4, 16, 32, 64, 64) if dtype == torch.float32 else (16, 16, 32, 64, 64)
+# Per-block partials (C=16) and, channels_last with C=24 / 48, per-pack partials summed by the single-launch form.
+cases = [(torch.float32, False, (4, 16, 32, 64, 64)), (torch.float32, True, (4, 16, 32, 64, 64)),
+         (torch.bfloat16, False, (16, 16, 32, 64, 64)), (torch.bfloat16, True, (16, 16, 32, 64, 64)),
+         (torch.float32, True, (4, 24, 32, 64, 64)), (torch.bfloat16, True, (4, 48, 32, 64, 64))]
+for dtype, cl, shape in cases:
+        C = shape[1]
         x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
-        m = make_multiplier("C111", 16, dtype, "cuda")
-        b = torch.randn(16, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
+        m = make_multiplier("C111", C, dtype, "cuda")
+        b = torch.randn(C, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
         _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
         _, sel_b, off_b = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
         g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
@@ -551,7 +558,7 @@ def test_backward_pdl_and_fold_settings_cuda(tmp_path):
             path = tmp_path / f"pdl{pdl}_fold{fold}.pt"
             _run_child(_SETTINGS_CHILD, dict(TORCH_FUSED_OPS_PDL=pdl, TORCH_FUSED_OPS_BWD_FOLD=fold), path)
             results[pdl, fold] = torch.load(path)
-    assert len(results["0", "0"]) == 8
+    assert len(results["0", "0"]) == 12
     for fold in ("0", "1"):
         for i, (plain, dependent) in enumerate(zip(results["0", fold], results["1", fold])):
             for k, (p_t, d_t) in enumerate(zip(plain, dependent)):

@@ -14,7 +14,7 @@ def test_bench_cpu_tiny(tmp_path, capsys):
     assert {(r["what"], r["impl"], r["layout"]) for r in rows} == {
         (w, i, l) for w in ("forward", "backward") for i in ("eager", "fused")
         for l in ("contiguous", "channels_last_3d")}
-    assert all(r["us"] > 0 and r["floor_us"] > 0 for r in rows)
+    assert all(r["us"] > 0 and r["call_us"] > 0 and r["floor_us"] > 0 for r in rows)
     assert [(r["config"], r["impl"]) for r in data["model_rows"]] == [("fp32", "eager"), ("bf16", "eager")]
     out = capsys.readouterr().out
     assert "| forward | fused | float32 | contiguous | [1, 4, 4, 8, 8] |" in out and "| bf16 |" in out

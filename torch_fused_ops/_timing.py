@@ -8,8 +8,26 @@ from collections.abc import Callable
 import torch
 
 
+_SLEEP_CYCLES_PER_US: dict[int, float] = {}
+
+
+def _sleep_cycles_per_us(device: torch.device) -> float:
+    """Clock cycles of torch.cuda._sleep per microsecond on this device, measured once."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SLEEP_CYCLES_PER_US:
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)  # first launch out of the way
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_US[idx] = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+    return _SLEEP_CYCLES_PER_US[idx]
+
+
 def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5, reps: int = 30,
-              min_time_s: float = 0.0, block: int | None = None) -> float:
+              min_time_s: float = 0.0, block: int | None = None, hide_host: bool = False) -> float:
     """Median time of one fn() call in microseconds: CUDA events on GPU, perf_counter on CPU.
 
     On CUDA each sample times a block of back-to-back calls between two events and divides by the block's length
@@ -17,6 +35,13 @@ def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5
     model: the host's launch work overlaps the device's, and a call costs its host time only where the host is
     the bottleneck (small sizes). Timing single calls between synchronizations would add the host's launch
     latency to every kernel.
+
+    hide_host=True measures the device's own time per call instead: each block is preceded by a sleep kernel
+    long enough for the host to enqueue the whole block before the device reaches it, so the device never waits
+    for the host (launch gaps between kernels still count). It is what triton.testing.do_bench gets from the
+    cache-flush kernel it runs before each call, and it is the figure to compare with a memory floor: where the
+    host's work per call exceeds the device's (16-bit tensors at the default size on a slow host), the plain
+    block time is the host's.
     """
     for _ in range(warmup):
         fn()
@@ -31,8 +56,21 @@ def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5
             end.synchronize()
             one = max(start.elapsed_time(end) * 1e3, 1.0)
             block = int(min(20, max(1, 2000 // one)))
+        sleep_cycles = 0
+        if hide_host:
+            # The host's time to enqueue one block, measured while the device is busy; the sleep covers twice it.
+            per_us = _sleep_cycles_per_us(device)
+            torch.cuda._sleep(int(per_us * 20_000))
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn()
+            host_block_us = (time.perf_counter() - t0) * 1e6
+            torch.cuda.synchronize(device)
+            sleep_cycles = int(per_us * max(200.0, 2 * host_block_us))
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
             start.record()
             for _ in range(block):
                 fn()

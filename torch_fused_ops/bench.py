@@ -13,6 +13,11 @@
 3. For every row the memory floor (bytes that must move / bandwidth of a device copy measured in this run) and
    the fraction of it reached.
 
+On CUDA every op row has two times: the device's own time per call ("median us", the host enqueueing ahead of
+it, as triton.testing.do_bench arranges; this is what the floor bounds) and back-to-back calls as the host issues
+them ("call us", which is the host's time wherever the host is the slower side). The whole-Model rows are
+back-to-back calls, host included.
+
 Inputs rotate among several copies when one copy would fit in the cache, so small sizes are not timed out of
 L2. Progress goes to stderr; results to stdout as markdown, and to DIR as JSON and (with matplotlib) a PNG of
 time vs size with the floor drawn.
@@ -76,13 +81,19 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     layout = "channels_last_3d" if fmt == torch.channels_last_3d else "contiguous"
     rows = []
 
-    def row(what, impl, us):
+    def row(what, impl, fn):
+        # us: the device's time per call (host hidden, see median_us(hide_host)), the figure the floor bounds;
+        # call_us: back-to-back calls as the host issues them, which is the host's time where it is the slower
+        # side (small sizes, or 16-bit tensors on a slow host). The CPU has one figure.
+        cuda = device.type == "cuda"
+        us = median_us(fn, device, reps=reps, hide_host=cuda)
+        call_us = median_us(fn, device, reps=max(5, reps // 2)) if cuda else us
         floor = floors[what] / bw * 1e6
         rows.append(dict(what=what, impl=impl, dtype=str(dtype).replace("torch.", ""), layout=layout,
-                         shape=list(shape), input_MB=in_numel * es / 1e6, us=us, floor_us=floor,
+                         shape=list(shape), input_MB=in_numel * es / 1e6, us=us, call_us=call_us, floor_us=floor,
                          frac_of_floor=floor / us, rotating_copies=k))
         _log(f"  {what:8s} {impl:13s} {rows[-1]['dtype']:8s} {layout:16s} {str(list(shape)):22s} {us:10.1f} us"
-             f"  floor {floor:8.1f} us ({floor / us:5.1%})")
+             f"  floor {floor:8.1f} us ({floor / us:5.1%})  call {call_us:10.1f} us")
 
     def rotating(fn):
         state = {"i": 0}
@@ -100,7 +111,7 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
 
     with torch.no_grad():
         for name, fn in impls:
-            row("forward", name, median_us(rotating(lambda i, fn=fn: fn(xs[i], m, SLOPE, 2)), device, reps=reps))
+            row("forward", name, rotating(lambda i, fn=fn: fn(xs[i], m, SLOPE, 2)))
 
     # Backward alone: graphs built once, replayed with retain_graph; ours calls the backward op directly.
     kb = 1 if in_numel * es > _cache_bytes(device) else k
@@ -123,7 +134,7 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
             def bwd(i, graphs=graphs):
                 out, xg, mg = graphs[i % kb]
                 return torch.autograd.grad(out, (xg, mg), g, retain_graph=True)
-        row("backward", name, median_us(rotating(bwd), device, reps=reps))
+        row("backward", name, rotating(bwd))
         if name != "fused":
             del graphs
     return rows
@@ -297,11 +308,14 @@ def main(argv=None) -> int:
     png = plot(rows, os.path.join(args.out, f"bench_{device.type}.png")) if rows else None
 
     print(f"\n{meta['device']}, torch {meta['torch']}, {meta['date']}, copy {meta['copy_bandwidth_GBps']:.0f} GB/s\n")
-    print("| pass | impl | dtype | layout | shape | median us | floor us | % of floor |")
-    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")
+    if device.type == "cuda":
+        print("median us: the device's time per call (the host enqueues ahead of it); call us: back-to-back calls as "
+              "the host issues them, host time included where the host is the slower side.\n")
+    print("| pass | impl | dtype | layout | shape | median us | floor us | % of floor | call us |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['what']} | {r['impl']} | {r['dtype']} | {r['layout']} | {r['shape']} | {r['us']:.1f} | "
-              f"{r['floor_us']:.1f} | {r['frac_of_floor']:.0%} |")
+              f"{r['floor_us']:.1f} | {r['frac_of_floor']:.0%} | {r['call_us']:.1f} |")
     if model_rows:
         print("\nWhole Model (training step = forward + backward of .sum(); fp32 configs use TF32 convolutions "
               "unless marked strict)\n")

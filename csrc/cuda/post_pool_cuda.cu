@@ -476,9 +476,10 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_kernel(
 // ---- backward fast path: 2x2x2 windows tiling the whole input ---------------------------------------------
 // One thread per pack of VEC outputs (contiguous: VEC neighbours along W; channels_last: VEC neighbouring
 // channels), so every window row it writes is one 16-byte store. The multiplier (and bias) gradient is reduced
-// in the kernel, deterministically: each thread sums its VEC outputs in order, then, where a warp's 32 packs are
-// known to share channels (WARP), a fixed xor-butterfly reduces over the warp and one lane writes the result;
-// the host sums the partials in a fixed order. No atomics, so the gradient is the same bits run to run.
+// in the kernel, deterministically: each thread sums its VEC outputs in order, then, where the packs of a warp or
+// of a whole block are known to share channels, a fixed xor-butterfly reduces over the warp and (per block) the
+// warps' sums are added in order; one partial per pack, warp or block is written, and the per-channel sum kernel
+// below adds them in a fixed order. No atomics, so the gradient is the same bits run to run.
 
 // Sums v over lanes whose lane index differs only in bits >= `from` (the lanes holding the same channels).
 __device__ __forceinline__ float warp_sum_from(float v, int from) {
@@ -523,7 +524,12 @@ __device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t g
   cb = gxa;
 }
 
-template <typename scalar_t, typename index_t, bool WARP>
+// Partials of the contiguous backward: one per pack, per warp (its 32 packs lie in one channel plane) or per
+// block (its kThreads packs do). Fewer partials make the per-channel sum after the kernel shorter, and that sum
+// is a latency-bound launch on the critical path.
+enum class Partials { kPack, kWarp, kBlock };
+
+template <typename scalar_t, typename index_t, Partials PART>
 __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kernel(
     const BwdArgs<scalar_t> a, index_t total, index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W,
     index_t plane) {
@@ -568,17 +574,35 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kern
     for (int q = 0; q < 4; ++q) {
       *reinterpret_cast<Pack<scalar_t, 2 * VEC>*>(a.gi + base + (q >> 1) * plane + (q & 1) * W) = rows[q];
     }
-    if constexpr (!WARP) {
+    if constexpr (PART == Partials::kPack) {
       a.contrib[p] = cm_sum;
       if (a.contrib_bias != nullptr) a.contrib_bias[p] = cb_sum;
     }
   }
-  if constexpr (WARP) {  // all 32 packs of this warp exist and lie in one channel plane (host-checked)
+  if constexpr (PART == Partials::kWarp) {  // all 32 packs of this warp exist and lie in one plane (host-checked)
     cm_sum = warp_sum_from(cm_sum, 1);
     cb_sum = warp_sum_from(cb_sum, 1);
     if ((threadIdx.x & 31) == 0 && p < total) {
       a.contrib[p / 32] = cm_sum;
       if (a.contrib_bias != nullptr) a.contrib_bias[p / 32] = cb_sum;
+    }
+  }
+  if constexpr (PART == Partials::kBlock) {  // all kThreads packs exist and lie in one plane (host-checked)
+    __shared__ acc_t warp_sums[2][kThreads / 32];
+    cm_sum = warp_sum_from(cm_sum, 1);
+    cb_sum = warp_sum_from(cb_sum, 1);
+    const int warp = threadIdx.x / 32;
+    if ((threadIdx.x & 31) == 0) {
+      warp_sums[0][warp] = cm_sum;
+      warp_sums[1][warp] = cb_sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2) {
+      acc_t s = 0;
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) s += warp_sums[threadIdx.x][w];
+      acc_t* dst = threadIdx.x == 0 ? a.contrib : a.contrib_bias;
+      if (dst != nullptr) dst[blockIdx.x] = s;
     }
   }
 }
@@ -684,8 +708,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
 //
 // The partials are viewed [K / R, C, R]: contiguous [N, C, R], or channels_last [P, C] as R = 1. A block sums
 // one range of K (the per-channel count) for TC neighbouring channels: thread t owns channel t % TC and row
-// lane t / TC of J, so with R = 1 a block reads TC * J consecutive floats per step (coalesced), and with R > 1
-// (TC = 1) consecutive threads read consecutive r. Its J lane sums are then folded by a fixed tree.
+// lane t / TC of J, so with R = 1 a block reads TC * J consecutive floats per step (coalesced when TC is wide), and
+// with R > 1 (TC = 1) consecutive threads read consecutive r. Its J lane sums are then folded by a fixed tree.
 constexpr int kSumThreads = 256;
 constexpr int64_t kSumPerBlock = 8192;  // partials per block: enough to hide latency, blocks enough to fill the GPU
 constexpr int64_t kSumMaxSplits = 256;  // bounds the second pass to one block per channel tile
@@ -695,9 +719,19 @@ struct ChannelSumShape {
   int64_t tiles, splits, chunk;   // channel tiles, ranges of K, and K per range
 };
 
+// Loads per thread that one pass of channel_range_sums issues together (then adds in order).
+constexpr int kSumBatch = 8;
+
 ChannelSumShape channel_sum_shape(int64_t C, int64_t R, int64_t K, int64_t max_splits) {
   ChannelSumShape s;
   s.TC = R == 1 ? static_cast<int>(std::min<int64_t>(C, kSumThreads)) : 1;
+  // Few partials per channel (block partials, up to two batches per lane): narrower channel tiles, so that more
+  // lanes share a channel and one pass needs a batch or two of loads per thread (a memory latency each), at the
+  // price of loads narrower than a 32-byte sector. With more partials the wide tiles and ranges of K stay.
+  constexpr int64_t kBatchValues = static_cast<int64_t>(kSumBatch) * kSumThreads;
+  if (R == 1 && K <= 2 * kBatchValues) {
+    while (s.TC > 1 && K * s.TC > kBatchValues) s.TC /= 2;
+  }
   s.J = 1;
   while (s.J * 2 * s.TC <= kSumThreads) s.J *= 2;
   s.tiles = (C + s.TC - 1) / s.TC;
@@ -726,14 +760,23 @@ __device__ __forceinline__ void channel_range_sums(const in_t* __restrict__ src,
     // (n, r) of k, stepped by J without a division per element.
     int64_t n = k / R, r = k - n * R;
     const int64_t dn = J / R, dr = J % R;
-#pragma unroll 4
-    for (; k < k_end; k += J) {
-      acc += static_cast<double>(__ldcg(src + (n * C + c) * R + r));
-      n += dn;
-      r += dr;
-      if (r >= R) {
-        r -= R;
-        ++n;
+    // kSumBatch loads issued before their adds (one memory latency per batch, not per load); added in k order.
+    while (k < k_end) {
+      double v[kSumBatch];
+#pragma unroll
+      for (int u = 0; u < kSumBatch; ++u) {
+        v[u] = k + u * static_cast<int64_t>(J) < k_end ? static_cast<double>(__ldcg(src + (n * C + c) * R + r)) : 0.0;
+        n += dn;
+        r += dr;
+        if (r >= R) {
+          r -= R;
+          ++n;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kSumBatch; ++u) {
+        if (k < k_end) acc += v[u];
+        k += J;
       }
     }
   }
@@ -825,8 +868,12 @@ void launch_channel_sum(const in_t* src0, const in_t* src1, out_t* dst0, out_t* 
 // small (splits * C bounded); otherwise the two-pass form.
 constexpr int64_t kFoldMaxValues = 16384;
 
+// The last block's shape: one block, so the widest channel tiles (the narrowing for few partials would only add
+// tile steps to its loop); its tiles and lanes do not depend on the splits.
+ChannelSumShape fold_last_shape(int64_t C) { return channel_sum_shape(C, 1, 1, 1); }
+
 std::optional<ChannelSumShape> fold_sum_shape(ChannelSumShape s, int64_t C, int64_t K) {
-  const ChannelSumShape last = channel_sum_shape(C, 1, 1, 1);  // its tiles and lanes do not depend on the splits
+  const ChannelSumShape last = fold_last_shape(C);
   int64_t best_cost = -1;
   for (int64_t sp = 1; sp <= std::min<int64_t>(kSumMaxSplits, K); ++sp) {
     if (sp * C > kFoldMaxValues) break;
@@ -904,7 +951,7 @@ std::pair<at::Tensor, at::Tensor> sum_channel_partials(const ChannelSumPlan& pla
     scalar_t* d1 = two ? result_bias.mutable_data_ptr<scalar_t>() : nullptr;
     if (plan.fold) {
       const ChannelSumShape& f = *plan.fold;
-      const ChannelSumShape last = channel_sum_shape(C, 1, f.splits, 1);
+      const ChannelSumShape last = fold_last_shape(C);
       const dim3 grid(static_cast<unsigned>(f.tiles), static_cast<unsigned>(f.splits), two ? 2u : 1u);
       launch_dependent(channel_partials_fold_kernel<scalar_t>, grid, dim3(kSumThreads), 0, stream, s0, s1, plan.mid,
                        d0, d1, plan.counter, C, R, K, f.chunk, f.TC, f.J, last.TC, last.J);
@@ -962,14 +1009,16 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   const int64_t total = g.output_numel() / vec;
   const int64_t plane = g.OD * g.OH * (g.OW / vec);  // packs per (n, c) plane, contiguous layout
   const int64_t Cv = g.C / vec;
-  // contiguous: warp partials when each warp's 32 packs lie in one channel plane. channels_last: block partials
-  // when each thread's packs share their channels.
+  // contiguous: block partials when each block's packs lie in one channel plane, else warp partials when each
+  // warp's do. channels_last: block partials when each thread's packs share their channels.
   const bool warp = channels_last ? kThreads % Cv == 0 : plane % 32 == 0;
+  const bool nc_block = !channels_last && plane % kThreads == 0;
   const int items = channels_last && warp ? cl_backward_items(sizeof(scalar_t)) : 1;
   const int64_t blocks = (total + kThreads * items - 1) / (kThreads * items);
   const auto acc_opts = go.options().dtype(at::toOpMathType(go.scalar_type())).memory_format(at::MemoryFormat::Contiguous);
   // Partials: contiguous [N, C, R] (R per plane); channels_last [blocks, C] (block partials) or [total, vec].
-  const int64_t parts = channels_last ? (warp ? blocks * g.C : total * vec) : (warp ? total / 32 : total);
+  const int64_t parts = channels_last ? (warp ? blocks * g.C : total * vec)
+                                      : (nc_block ? total / kThreads : warp ? total / 32 : total);
   at::Tensor contrib = at::empty({parts}, acc_opts);
   at::Tensor contrib_bias = bias.defined() ? at::empty_like(contrib) : at::Tensor();
   // The partials viewed [K / R, C, R] for the per-channel sum (see channel_partials_sum_kernel).
@@ -995,8 +1044,9 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
                        static_cast<index_t>(g.OH));
     } else {
       const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
-      auto k = warp ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, true>
-                    : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, false>;
+      auto k = nc_block ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kBlock>
+               : warp   ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kWarp>
+                        : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kPack>;
       launch_dependent(k, grid, dim3(kThreads), 0, stream, a, static_cast<index_t>(total),
                        static_cast<index_t>(g.OW / vec), static_cast<index_t>(g.OH),
                        static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C), static_cast<index_t>(g.W),
