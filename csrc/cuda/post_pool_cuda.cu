@@ -969,9 +969,10 @@ std::pair<at::Tensor, at::Tensor> sum_channel_partials(const ChannelSumPlan& pla
   return {result, result_bias};
 }
 
-// Packs per thread of the channels_last backward (1, 2, 4 or 8). Default: the fastest in
-// benchmarks/post_pool_bwd_sweep.py on the H200 (2026-11-29, [16, 32, 32, 64, 64], kernels alone): float32 1 (97.4 us
-// against 100.8 / 101.1 / 98.2 for 2 / 4 / 8), 16-bit types 2 (bfloat16 53.9 us against 55.5 / 59.6 / 56.7).
+// Packs per thread of the channels_last backward (1, 2, 4 or 8); more packs, fewer block partials. Default: the
+// fastest device time per call in benchmarks/post_pool_bwd_sweep.py on the H200 (2026-11-29, [16, 32, 32, 64, 64],
+// with the one-pass sum of block partials): float32 8 (94.7 us against 97.7 / 105.4 / 102.4 for 1 / 2 / 4),
+// 16-bit types 2 (bfloat16 51.5 us against 55.8 / 56.4 / 53.6 for 1 / 4 / 8).
 // TORCH_FUSED_OPS_CL_BWD_ITEMS overrides it for the sweep, read once per process; the value changes the order of
 // the (float) partial sums, so a given setting always gives the same bits.
 int cl_backward_items(size_t element_size) {
@@ -980,7 +981,7 @@ int cl_backward_items(size_t element_size) {
     const int v = e != nullptr ? std::atoi(e) : 0;
     return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
   }();
-  return forced != 0 ? forced : element_size >= 4 ? 1 : 2;
+  return forced != 0 ? forced : element_size >= 4 ? 8 : 2;
 }
 
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
