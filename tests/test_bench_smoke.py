@@ -1,6 +1,9 @@
 """The benchmark runs end to end on CPU at a tiny size and writes what it promises (markdown, JSON)."""
 import json
 
+import pytest
+import torch
+
 from torch_fused_ops import bench
 
 
@@ -18,3 +21,28 @@ def test_bench_cpu_tiny(tmp_path, capsys):
     assert [(r["config"], r["impl"]) for r in data["model_rows"]] == [("fp32", "eager"), ("bf16", "eager")]
     out = capsys.readouterr().out
     assert "| forward | fused | float32 | contiguous | [1, 4, 4, 8, 8] |" in out and "| bf16 |" in out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA timer's queued form")
+def test_median_us_hide_host_measures_the_device_cuda():
+    # A host-heavy call (a hundred tiny launches, ~1-2 us of device work each, several us of host work each): the
+    # plain block timer measures the host, the queued form (hide_host) the device. The sleep it queues must cover
+    # the host's enqueueing, or the two would agree. (Blocks stay well under the driver's queue of pending
+    # launches, past which the host would wait for the device.) A device-heavy call gives the same figure both
+    # ways.
+    from torch_fused_ops._timing import median_us
+
+    dev = torch.device("cuda")
+    t = torch.ones(16, device=dev)
+
+    def host_heavy():
+        for _ in range(100):
+            t.add_(0)
+
+    plain = median_us(host_heavy, dev, reps=5, block=3)
+    queued = median_us(host_heavy, dev, reps=5, block=3, hide_host=True)
+    assert queued < 0.8 * plain, (queued, plain)
+    big = torch.empty(1 << 27, device=dev)
+    plain_big = median_us(lambda: big.fill_(1.0), dev, reps=10)
+    queued_big = median_us(lambda: big.fill_(1.0), dev, reps=10, hide_host=True)
+    assert abs(queued_big - plain_big) < 0.1 * plain_big, (queued_big, plain_big)
