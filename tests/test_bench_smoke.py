@@ -46,3 +46,16 @@ def test_median_us_hide_host_measures_the_device_cuda():
     plain_big = median_us(lambda: big.fill_(1.0), dev, reps=10)
     queued_big = median_us(lambda: big.fill_(1.0), dev, reps=10, hide_host=True)
     assert abs(queued_big - plain_big) < 0.1 * plain_big, (queued_big, plain_big)
+
+
+def test_main_command_reaches_the_bench():
+    # The README's main command runs the benchmark with "bench" as its first argument (set-up skipped here: the
+    # test suite runs on a machine already set up).
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(["bash", os.path.join(root, "scripts", "demo.sh"), "bench", "--help"], capture_output=True,
+                       text=True, env=dict(os.environ, SKIP_SETUP="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "python -m torch_fused_ops.bench" in r.stdout and "--model-configs" in r.stdout
