@@ -900,7 +900,7 @@ bool backward_fold_enabled() {
 }
 
 // How the per-channel sum of a backward's partials (float, viewed [K / R, C, R]) runs: the shape of its first
-// pass, which is all when one range per channel suffices (the contiguous fast path at its usual sizes), and,
+// pass, which is all when one range per channel suffices (block partials at the default size, both layouts), and,
 // where it would take two passes, the single-launch form's shape and scratch ([operands, splits, C] double sums,
 // then the block counter). Made before the main kernel launches, because that kernel zeroes the counter.
 struct ChannelSumPlan {
@@ -917,9 +917,9 @@ ChannelSumPlan plan_channel_sum(int64_t C, int64_t R, int64_t parts, int operand
   p.C = C, p.R = R, p.K = C > 0 && R > 0 ? parts / C : 0;
   if (p.K == 0) return p;
   p.first = channel_sum_shape(C, R, p.K, kSumMaxSplits);
-  // Only where the sum would otherwise take two passes (channels_last at the default size): on the H200 (call 4,
-  // docs/notes.md) the fold kernel took 6.1-7.9 us there against 7.7-8.8 us for the two passes, but 4.7-5.1 us
-  // against 3.1-4.6 us for the contiguous layout's single pass.
+  // Only where the sum would otherwise take two passes (per-pack partials, or very large inputs): on the H200
+  // (docs/notes.md, call 4 of 2026-11-29's last session) the fold kernel took 6.1-7.9 us against 7.7-8.8 us for
+  // two passes, but 4.7-5.1 us against 3.1-4.6 us where a single pass sufficed.
   if (backward_fold_enabled() && p.first.splits > 1) p.fold = fold_sum_shape(p.first, C, p.K);
   if (p.fold) {
     const int64_t mid_bytes = operands * p.fold->splits * C * 8;
