@@ -382,9 +382,9 @@ def test_multiplier_grad_ignores_unselected_nonfinite_inputs():
 
 
 # Shapes that take each branch of the CUDA backward fast path: contiguous with a pooled plane that is a multiple
-# of 256 packs (per-block partials: 1x4x8x32x64), of 32 packs (per-warp) or neither; channels_last with 256 % (C / VEC) == 0 (per-block partials) or not
-# (C = 12), with whole blocks and with a last block part-filled (3x16x6x10x14: several blocks and a tail at any
-# packs-per-thread setting); an odd width that leaves the fast path; and a pooled row of 101 outputs, which the CPU
+# of 256 packs (per-block partials: 1x4x8x32x64), of 32 packs (per-warp) or neither; channels_last with
+# 256 % (C / VEC) == 0 (per-block partials) or not (C = 12), with whole blocks and with a last block part-filled
+# (3x16x6x10x14: several blocks and a tail at any packs-per-thread setting); an odd width that leaves the fast path; and a pooled row of 101 outputs, which the CPU
 # kernel takes in chunks of 64. All against eager autograd.
 BACKWARD_PATH_SHAPES = [(2, 8, 8, 16, 16), (2, 6, 4, 6, 12), (1, 12, 4, 6, 8), (2, 32, 4, 4, 8), (1, 4, 4, 6, 10),
                         (3, 16, 6, 10, 14), (1, 4, 2, 4, 202), (1, 4, 8, 32, 64)]
@@ -443,9 +443,9 @@ def test_backward_back_to_back_cuda(channels, layout, dtype):
     # dependent launches on Hopper: a kernel's blocks may start before the previous grid ends and must wait for it
     # before touching memory. Calls issued back to back without synchronizing reuse each other's freed partial
     # buffers, so a missing wait would show as a gradient that differs from the same call run alone.
-    # C=16 gives per-block partials (a one-pass sum); channels_last with C=24 (float32) or 48 (bf16) is not a
-    # divisor-friendly channel count, so each pack writes its own partials and the sum takes its single-launch form
-    # (ranges, then the last block's fold).
+    # C=16 gives per-block partials (a one-pass sum). channels_last with C=24 (float32) or 48 (bf16) leaves 3 packs
+    # of channels per position, which do not divide a block, so each pack writes its own partials and the sum takes
+    # its single-launch form (ranges, then the last block's fold); the contiguous layout keeps block partials there.
     C = 16 if channels == 16 else (24 if dtype == torch.float32 else 48)
     shape = (4, C, 32, 64, 64) if dtype == torch.float32 else (16 if C == 16 else 4, C, 32, 64, 64)
     x = make_input(shape, dtype, "cuda", layout, seed=21)
@@ -529,17 +529,17 @@ cases = [(torch.float32, False, (4, 16, 32, 64, 64)), (torch.float32, True, (4, 
          (torch.bfloat16, False, (16, 16, 32, 64, 64)), (torch.bfloat16, True, (16, 16, 32, 64, 64)),
          (torch.float32, True, (4, 24, 32, 64, 64)), (torch.bfloat16, True, (4, 48, 32, 64, 64))]
 for dtype, cl, shape in cases:
-        C = shape[1]
-        x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
-        m = make_multiplier("C111", C, dtype, "cuda")
-        b = torch.randn(C, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
-        _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
-        _, sel_b, off_b = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
-        g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
-        g = g.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
-        out.append([t.cpu() for t in _backward_op(g, sel, off, m, shape, cl)])
-        out.append([t.cpu() for t in torch.ops.fused.post_pool_bias_backward(
-            g, sel_b, off_b, b, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)])
+    C = shape[1]
+    x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
+    m = make_multiplier("C111", C, dtype, "cuda")
+    b = torch.randn(C, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
+    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+    _, sel_b, off_b = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
+    g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
+    g = g.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+    out.append([t.cpu() for t in _backward_op(g, sel, off, m, shape, cl)])
+    out.append([t.cpu() for t in torch.ops.fused.post_pool_bias_backward(
+        g, sel_b, off_b, b, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)])
 torch.save(out, sys.argv[2])
 print("ok")
 """
