@@ -10,12 +10,17 @@ For each dtype, layout and call it prints three figures:
   device's steady-state time per call, launch gaps included.
 - "host us": the host's cost of one call while the device is held busy.
 - "do_bench us": triton.testing.do_bench (median), the ecosystem's timer: each call timed alone between events,
-  after a 256 MB cache-clearing fill that also lets the host enqueue the call ahead. A cross-check of "queued".
+  after a 256 MB cache-clearing fill (zero_) that also lets the host enqueue the call ahead. A cross-check of
+  "queued".
+- "clean us": the same single-call timing after a read-only pass over 256 MB instead (a sum), so that the cache
+  holds clean lines rather than the fill's dirty ones, which a timed kernel would otherwise write back to memory
+  as it evicts them: bytes that belong to the fill, not to the op.
 When block > queued by more than noise, the block median is host-bound.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -43,6 +48,24 @@ def do_bench_us(fn):
     except ImportError:
         return float("nan")
     return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def single_us(fn, reps=100):
+    """Median of single calls between events, each after a read-only pass over 256 MB (clean cache lines)."""
+    buf = torch.empty(256 << 18, device="cuda")  # 256 MB of float
+    buf.normal_()
+    for _ in range(10):
+        fn()
+    pairs = []
+    for _ in range(reps):
+        buf.sum()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
 
 
 def main():
@@ -86,13 +109,15 @@ def main():
                     q = median_us(fn, dev, reps=a.reps, hide_host=True)
                     h = host_us(fn)
                     d = do_bench_us(fn)
+                    c = single_us(fn)
                     f = floors[what]
                     rows.append(f"| {what} | {name} | {str(dtype)[6:]} | {layout} | {b:.1f} | {f / b:.0%} | {q:.1f} | "
-                                f"{f / q:.0%} | {d:.1f} | {f / d:.0%} | {h:.1f} |")
+                                f"{f / q:.0%} | {d:.1f} | {f / d:.0%} | {c:.1f} | {f / c:.0%} | {h:.1f} |")
                     print(rows[-1], flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, shape {shape}, copy {bw / 1e9:.0f} GB/s")
-    print("| pass | call | dtype | layout | block us | % floor | queued us | % floor | do_bench us | % floor | host us |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| pass | call | dtype | layout | block us | % floor | queued us | % floor | do_bench us | % floor "
+          "| clean us | % floor | host us |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))
 
 
