@@ -21,25 +21,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import torch_fused_ops
-from torch_fused_ops._timing import copy_bandwidth, median_us
+from torch_fused_ops._timing import copy_bandwidth, host_us, median_us
+from torch_fused_ops.bench import floor_bytes
 
 SLOPE = 0.2
-
-
-def host_us(fn, n=50):
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
 
 
 def do_bench_us(fn):
@@ -87,8 +76,8 @@ def main():
             g = torch.randn_like(sel)
             cl = fmt == torch.channels_last_3d
             es = x.element_size()
-            floors = {"forward": (x.numel() + sel.numel()) * es / bw * 1e6,
-                      "backward": (sel.numel() * (2 * es + 1) + x.numel() * es) / bw * 1e6}
+            floors = {what: floor_bytes(what, x.numel(), sel.numel(), es) / bw * 1e6
+                      for what in ("forward", "backward")}
             op = torch.ops.fused.post_pool.default
 
             def fwd_wrapper():
@@ -107,7 +96,7 @@ def main():
                                        ("backward", "op", bwd)):
                     b = median_us(fn, dev, reps=a.reps)
                     q = median_us(fn, dev, reps=a.reps, hide_host=True)
-                    h = host_us(fn)
+                    h = host_us(fn, dev)
                     d = do_bench_us(fn)
                     c = single_us(fn)
                     f = floors[what]

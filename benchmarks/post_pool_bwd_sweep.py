@@ -31,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -40,7 +39,8 @@ SLOPE = 0.2
 
 def child(shape):
     import torch_fused_ops  # noqa: F401
-    from torch_fused_ops._timing import copy_bandwidth, median_us
+    from torch_fused_ops._timing import copy_bandwidth, host_us, median_us
+    from torch_fused_ops.bench import floor_bytes
 
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
@@ -65,7 +65,7 @@ def child(shape):
             us = median_us(call, dev, reps=30)
             dev_us = median_us(call, dev, reps=30, hide_host=True)
             es = x.element_size()
-            floor = (sel.numel() * (2 * es + 1) + x.numel() * es) / bw * 1e6
+            floor = floor_bytes("backward", x.numel(), sel.numel(), es) / bw * 1e6
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 call()
                 torch.cuda.synchronize()
@@ -77,20 +77,8 @@ def child(shape):
                     name = name.removeprefix("void ").split("::")[-1][:48]
                     kernels[name] = kernels.get(name, 0.0) + e.device_time
             rows.append(dict(dtype=str(dtype)[6:], layout=layout, us=us, dev_us=dev_us, floor=floor, kernels=kernels,
-                             host=host_us(call), span=span_us(call)))
+                             host=host_us(call, dev), span=span_us(call)))
     print("RESULT " + json.dumps(dict(bw=bw, fill_bw=fill_bw, rows=rows)))
-
-
-def host_us(call, n=50):
-    """Host time of one call while the device is busy (a ~50 ms sleep kernel queued first)."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(100_000_000)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        call()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
 
 
 def span_us(call, n=20):
@@ -139,9 +127,9 @@ def main():
                          f"{res['bw'] / 1e9:.0f} | {res['fill_bw'] / 1e9:.0f} | {ks} |")
             print(table[-1], flush=True)
     print(f"\nfused.post_pool_backward, shape {shape}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| items | pdl | fold | dtype | layout | median us | floor us | % of floor | device us | % of floor | kernels us "
-          "| span us | host us | copy GB/s | fill GB/s | kernels (profiler, us) |")
-    print("| ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| items | pdl | fold | dtype | layout | median us | floor us | % of floor | device us | % of floor "
+          "| kernels us | span us | host us | copy GB/s | fill GB/s | kernels (profiler, us) |")
+    print("| ---: | ---: | ---: | --- | --- " + "| ---: " * 10 + "| --- |")
     print("\n".join(table))
 
 

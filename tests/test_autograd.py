@@ -384,8 +384,8 @@ def test_multiplier_grad_ignores_unselected_nonfinite_inputs():
 # Shapes that take each branch of the CUDA backward fast path: contiguous with a pooled plane that is a multiple
 # of 256 packs (per-block partials: 1x4x8x32x64), of 32 packs (per-warp) or neither; channels_last with
 # 256 % (C / VEC) == 0 (per-block partials) or not (C = 12), with whole blocks and with a last block part-filled
-# (3x16x6x10x14: several blocks and a tail at any packs-per-thread setting); an odd width that leaves the fast path; and a pooled row of 101 outputs, which the CPU
-# kernel takes in chunks of 64. All against eager autograd.
+# (3x16x6x10x14: several blocks and a tail at any packs-per-thread setting); an odd width that leaves the fast
+# path; and a pooled row of 101 outputs, which the CPU kernel takes in chunks of 64. All against eager autograd.
 BACKWARD_PATH_SHAPES = [(2, 8, 8, 16, 16), (2, 6, 4, 6, 12), (1, 12, 4, 6, 8), (2, 32, 4, 4, 8), (1, 4, 4, 6, 10),
                         (3, 16, 6, 10, 14), (1, 4, 2, 4, 202), (1, 4, 8, 32, 64)]
 

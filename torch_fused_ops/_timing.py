@@ -26,6 +26,19 @@ def _sleep_cycles_per_us(device: torch.device) -> float:
     return _SLEEP_CYCLES_PER_US[idx]
 
 
+def host_us(fn: Callable[[], object], device: torch.device, n: int = 50, busy_ms: float = 50.0) -> float:
+    """The host's time for one fn() call on CUDA, measured while a sleep kernel holds the device busy (busy_ms),
+    so that no call waits for the device: what a call costs the host, whatever its kernels cost."""
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(int(_sleep_cycles_per_us(device) * busy_ms * 1e3))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize(device)
+    return t
+
+
 def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5, reps: int = 30,
               min_time_s: float = 0.0, block: int | None = None, hide_host: bool = False) -> float:
     """Median time of one fn() call in microseconds: CUDA events on GPU, perf_counter on CPU.
@@ -59,14 +72,8 @@ def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5
         sleep_cycles = 0
         if hide_host:
             # The host's time to enqueue one block, measured while the device is busy; the sleep covers twice it.
-            per_us = _sleep_cycles_per_us(device)
-            torch.cuda._sleep(int(per_us * 20_000))
-            t0 = time.perf_counter()
-            for _ in range(block):
-                fn()
-            host_block_us = (time.perf_counter() - t0) * 1e6
-            torch.cuda.synchronize(device)
-            sleep_cycles = int(per_us * max(200.0, 2 * host_block_us))
+            host_block_us = block * host_us(fn, device, n=block, busy_ms=20.0)
+            sleep_cycles = int(_sleep_cycles_per_us(device) * max(200.0, 2 * host_block_us))
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if sleep_cycles:

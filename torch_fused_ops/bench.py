@@ -61,6 +61,15 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def floor_bytes(what: str, in_numel: int, out_numel: int, element_size: int) -> int:
+    """Bytes a pass of post_pool must move at least. forward: the input read, the pooled output written.
+    backward: grad_output, the selected value and a one-byte offset read at pooled size, the full-resolution
+    grad_input written."""
+    if what == "forward":
+        return (in_numel + out_numel) * element_size
+    return out_numel * (2 * element_size + 1) + in_numel * element_size
+
+
 def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     torch.manual_seed(0)
     N, C, D, H, W = shape
@@ -73,11 +82,7 @@ def bench_op(shape, dtype, fmt, device, bw, use_compile, reps):
     # The gradient arrives in the layout of the output it belongs to, as autograd hands it over in a model that
     # keeps one layout (max_pool3d's output follows its input's layout). Every implementation gets this tensor.
     g = torch.randn(N, C, D // 2, H // 2, W // 2, device=device, dtype=dtype).contiguous(memory_format=fmt)
-    floors = {
-        "forward": in_numel * es + out_numel * es,
-        # backward: grad_output, selected value and one-byte offset read; full-resolution grad_input written
-        "backward": out_numel * (2 * es + 1) + in_numel * es,
-    }
+    floors = {what: floor_bytes(what, in_numel, out_numel, es) for what in ("forward", "backward")}
     layout = "channels_last_3d" if fmt == torch.channels_last_3d else "contiguous"
     rows = []
 
