@@ -46,6 +46,13 @@ PoolGeometry check_post_pool_args(
     at::IntArrayRef dilation,
     bool ceil_mode);
 
+// Same checks for a tensor that does not exist yet (a convolution's output that a fused op never writes), given
+// its sizes, dtype, device and the layout the kernels will use.
+PoolGeometry check_post_pool_sizes(const char* op, at::IntArrayRef sizes, at::ScalarType dtype, at::Device device,
+                                   const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                   at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                   bool channels_last);
+
 // Same, for the backward op, whose geometry comes from the saved forward outputs.
 PoolGeometry check_post_pool_backward_args(
     const at::Tensor& grad_output,

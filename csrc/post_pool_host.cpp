@@ -125,20 +125,28 @@ PoolGeometry check_common(const char* op, at::IntArrayRef sizes, at::ScalarType 
 
 }  // namespace
 
-PoolGeometry check_post_pool_args(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
-                                  at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                                  at::IntArrayRef dilation, bool ceil_mode) {
-  TORCH_CHECK_VALUE(input.layout() == at::kStrided, op, ": sparse inputs are not supported");
-  PoolGeometry g = check_common(op, input.sizes(), input.scalar_type(), input.device(), multiplier, kernel_size,
-                                stride, padding, dilation);
+PoolGeometry check_post_pool_sizes(const char* op, at::IntArrayRef sizes, at::ScalarType dtype, at::Device device,
+                                   const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                   at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                   bool channels_last) {
+  PoolGeometry g = check_common(op, sizes, dtype, device, multiplier, kernel_size, stride, padding, dilation);
   g.OD = pooled_size(op, g.D, g.kd, g.sd, g.pd, g.dd, ceil_mode);
   g.OH = pooled_size(op, g.H, g.kh, g.sh, g.ph, g.dh, ceil_mode);
   g.OW = pooled_size(op, g.W, g.kw, g.sw, g.pw, g.dw, ceil_mode);
   TORCH_CHECK_VALUE(g.OD >= 1 && g.OH >= 1 && g.OW >= 1, op, ": output size is too small: input ",
-                    shape_str(input.sizes()), " gives pooled size ", g.OD, "x", g.OH, "x", g.OW);
-  g.channels_last = output_memory_format(input) == at::MemoryFormat::ChannelsLast3d;
+                    shape_str(sizes), " gives pooled size ", g.OD, "x", g.OH, "x", g.OW);
+  g.channels_last = channels_last;
   g.exact_tiling = is_exact_tiling(g);
   return g;
+}
+
+PoolGeometry check_post_pool_args(const char* op, const at::Tensor& input, const at::Tensor& multiplier,
+                                  at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                                  at::IntArrayRef dilation, bool ceil_mode) {
+  TORCH_CHECK_VALUE(input.layout() == at::kStrided, op, ": sparse inputs are not supported");
+  return check_post_pool_sizes(op, input.sizes(), input.scalar_type(), input.device(), multiplier, kernel_size,
+                               stride, padding, dilation, ceil_mode,
+                               output_memory_format(input) == at::MemoryFormat::ChannelsLast3d);
 }
 
 PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const at::Tensor& selected,
