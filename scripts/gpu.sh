@@ -23,7 +23,8 @@
 #             $NCU_KERNELS (a regex; default every kernel of ours). NCU_TIMEOUT (180).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
-#             SANITIZE_TESTS (default: the post_pool op files) with -k $SANITIZE_K (default cuda).
+#             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py) with -k $SANITIZE_K
+#             (default cuda).
 #             SANITIZE_TIMEOUT: per tool, s (default 200). memcheck runs with PyTorch's caching allocator off, so
 #             that an access past a tensor's end leaves its cudaMalloc block and is seen.
 #   EXTRA="cmd"   one more command after the tests (e.g. a sweep in benchmarks/), its output in extra.log.
