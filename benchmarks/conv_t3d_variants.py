@@ -12,25 +12,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import traceback
-
-import os
-import types
 
 import torch
 import torch.nn.functional as F
 
-# The kernels and the timer are pure Python: load them without the package's __init__, which needs the compiled
-# extension, so this can run while the extension builds.
-if "torch_fused_ops" not in sys.modules:
-    _pkg = types.ModuleType("torch_fused_ops")
-    _pkg.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_fused_ops")]
-    sys.modules["torch_fused_ops"] = _pkg
-from torch_fused_ops import _conv_post_pool_gemm_triton as gemm  # noqa: E402
-from torch_fused_ops import _conv_post_pool_phase_gemm_triton as phase  # noqa: E402
-from torch_fused_ops import _conv_post_pool_triton as exact  # noqa: E402
-from torch_fused_ops._timing import median_us  # noqa: E402
+# Run it after the extension is built, not beside the build: host-bound launches time wrong on a busy CPU.
+from torch_fused_ops import _conv_post_pool_gemm_triton as gemm
+from torch_fused_ops import _conv_post_pool_phase_gemm_triton as phase
+from torch_fused_ops import _conv_post_pool_triton as exact
+from torch_fused_ops._timing import median_us
 
 if os.environ.get("VARIANTS_ONCE") == "1":
     # Under Nsight Compute: one launch per config, no timing loop (ncu serialises and replays every launch).
@@ -134,7 +127,7 @@ def main():
                   torch.empty(1, device=dev))  # the launcher allocates its output: nothing to poison here
 
     # Packed-GEMM kernel: (BM, BK, warps, stages, weight stored K-major, round A to TF32[, output channels per
-    # program]). The shipped config first (_conv_triton_op._CONFIGS), then the runners-up of the 2026-11-29
+    # program]). The shipped config first (_conv_triton_op._CONFIGS), then the runners-up of earlier
     # sweeps. Dropped after losing there: 8 or 16 channels per program (TF32 170-256 us, bf16 112-171 us against
     # 141 / 115-153 us), a persistent variant (bf16 225-249 us; TF32 out of shared memory; the phase-split
     # GEMM's persistent variant likewise: TF32 246 against 190 us, bf16 182-298 against 108-112 us) and Triton's
@@ -151,7 +144,7 @@ def main():
     # per dot).
     # Phase-split GEMM: (BM, channels per K chunk, warps, stages, output channels per program, K-major weight,
     # precision override, the training forward's selected/offsets outputs, monotone form). The monotone form (one
-    # max per phase, the epilogue once) is what the inference launcher asks for since 2026-11-29 (late); offline
+    # max per phase, the epilogue once) is what the inference launcher asks for (except strict float32); offline
     # (Triton 3.8) it takes TF32 from 192 to 255 registers with an 88-byte spill, bf16 from 221 to 241.
     M = True
     phase_configs = {
@@ -163,7 +156,7 @@ def main():
                  (64, 16, 4, 1, 16, R, None, False, M)],
         # "3xtf32": our own three-TF32 split, which keeps infinities exact. Triton's own "tf32x3" dot (infinite
         # inputs become NaN) on the finite inputs plus a TF32 dot for the others measured the same (301.5 against
-        # 302.8 us, 2026-11-29) and was removed.
+        # 302.8 us) and was removed.
         "fp32": [(64, 16, 4, 1, 32, K, "3xtf32", False, False), (64, 16, 4, 1, 32, K, "3xtf32", False, M),
                  (64, 16, 8, 1, 32, K, "3xtf32", False, M), (64, 16, 4, 1, 16, K, "3xtf32", False, M)],
     }

@@ -1,6 +1,7 @@
-"""One call of each fused.post_pool kernel at the default size, for Nsight Compute to profile.
+"""One call of each fused.post_pool kernel at the default size, and of the fused convolution at the KernelBench
+size, for Nsight Compute to profile (`bash scripts/gpu.sh ncu` runs it under ncu).
 
-    ncu --clock-control none -k regex:post_pool --metrics ... python benchmarks/profile_post_pool.py
+    ncu --clock-control none -k regex:post_pool --section SpeedOfLight ... python benchmarks/profile_post_pool.py
 
 Each kernel runs once after a warm-up pass that ncu also sees; filter with --launch-skip or read the last rows.
 """

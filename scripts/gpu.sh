@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# One device call on the GPU machine: build, tests, benchmark, and optionally Nsight Compute and compute-sanitizer.
+#
+#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench ncu sanitize; default: tests bench) run in that
+#                                      order after the build, whatever order they are given in
+#   bash scripts/gpu.sh --plan         print the test shards and exit (no GPU needed)
+#   bash scripts/gpu.sh --hash         the sources' content hash (the summary's "sources" field), to compare here
+#
+# Steps:
+#   build     always first (SKIP_BUILD=1 skips it): pip install -e . with the system g++ (a g++ that links its own
+#             static libstdc++, as /opt/gcc on one GPU image, broke the extension's error messages: README,
+#             Troubleshooting); TORCH_CUDA_ARCH_LIST defaults to 9.0 (the H200), which halves the build time.
+#   tests     the whole suite as concurrent pytest shards sharing the GPU (nothing in them is timed): the slow
+#             Triton and torch.compile files whole, each group in its own shard (HEAVY below), and every other
+#             file with -k cuda in one more shard (a new test file lands there by itself; -k matches the module
+#             name too, so a file named *cuda* runs whole). One shard per GPU when there are several.
+#             TESTS="tests/a.py tests/b.py::test_x": only that selection, one pytest process, instead of the shards.
+#             TESTS_K="expr": -k for that selection (default none).  TEST_TIMEOUT: per shard, s (default 330).
+#   bench     python -m torch_fused_ops.bench $BENCH_ARGS (default: the op at the small and the default size,
+#             the Model in fp32, bf16 and strict fp32: the table docs/performance.md keeps). BENCH_TIMEOUT (240).
+#   ncu       Nsight Compute over one launch of each shipped kernel (benchmarks/profile_post_pool.py), sections
+#             $NCU_ARGS (default SpeedOfLight, Occupancy, LaunchStats, WarpStateStats), kernels matching
+#             $NCU_KERNELS (a regex; default every kernel of ours). NCU_TIMEOUT (180).
+#   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
+#             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
+#             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py) with -k $SANITIZE_K
+#             (default cuda).
+#             SANITIZE_TIMEOUT: per tool, s (default 200). memcheck runs with PyTorch's caching allocator off, so
+#             that an access past a tensor's end leaves its cudaMalloc block and is seen.
+#   EXTRA="cmd"   one more command after the tests (e.g. a sweep in benchmarks/), its output in extra.log.
+#
+# The whole call stops itself before DEADLINE seconds (default 570, under the device tool's 600): each step's
+# timeout is cut to what is left, and a step with under 20 s left is skipped and says so in the summary.
+# What comes back in $OUT (the device tool returns at most 8 files): summary.txt (every step's result, the test
+# totals, the bench tables), tests.log (all shards), bench.md, bench_cuda.json, bench_cuda.png, ncu.txt,
+# sanitize.log, extra.log. Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
+#
+# Examples (one 10-minute device call each):
+#   bash scripts/gpu.sh                                       the whole suite, then the bench
+#   TESTS="tests/test_autograd.py tests/test_bias.py" TESTS_K=cuda SANITIZE_TESTS="tests/test_autograd.py" \
+#     bash scripts/gpu.sh tests sanitize                      a selection, then memcheck + racecheck on part of it
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# The slow files, each group one shard, run whole (CPU cases included). Files that do not exist are dropped, so
+# retiring a file needs no edit here; a new slow file joins a group (or becomes one) on its line.
+HEAVY=(
+  "tests/test_conv_post_pool_triton.py"
+  "tests/test_conv_phase_gemm.py tests/test_conv_infer_op.py"
+  "tests/test_conv_op.py tests/test_conv_mutation_analysis.py tests/test_pass_e2e.py tests/test_compile_smoke.py"
+)
+# Workers per shard when pytest-xdist is installed (the Triton files' time is kernel compilation, on the CPU).
+XDIST_HEAVY=3
+XDIST_REST=6
+
+# The device's copy of the tree may carry a stale .git, so the sources are identified by their content.
+src_hash() {
+  find csrc torch_fused_ops tests benchmarks scripts -type f \( -name '*.py' -o -name '*.cu' -o -name '*.cpp' \
+    -o -name '*.h' -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12
+}
+
+# The shards, one line each: pytest arguments.
+shards() {
+  local group f kept ignores="" have_xdist=""
+  python3 -c "import xdist" 2>/dev/null && have_xdist=1
+  for group in "${HEAVY[@]}"; do
+    kept=""
+    for f in $group; do
+      [ -f "$f" ] || continue
+      kept="$kept $f"
+      ignores="$ignores --ignore=$f"
+    done
+    [ -n "$kept" ] && echo "${kept# }${have_xdist:+ -n $XDIST_HEAVY}"
+  done
+  echo "tests${ignores} -k cuda${have_xdist:+ -n $XDIST_REST}"
+}
+
+case "${1:-}" in
+  --hash) src_hash; exit 0 ;;
+  --plan) shards; exit 0 ;;
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+
+STEPS=" ${*:-tests bench} "
+for s in $STEPS; do
+  case "$s" in tests|bench|ncu|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench ncu sanitize)"; exit 2 ;; esac
+done
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+
+OUT=${OUT:-/tmp/gpu_out}
+T=/tmp/gpu_work
+mkdir -p "$OUT" "$T"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+DEADLINE=${DEADLINE:-570}
+# A step's time limit: its own, cut to what is left before the deadline (0: skip the step).
+budget() {
+  local left=$((DEADLINE - SECONDS - 10))
+  [ "$left" -lt 20 ] && { echo 0; return; }
+  [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
+}
+skipped() { note "$1: skipped, $((DEADLINE - SECONDS)) s left before the ${DEADLINE} s deadline"; }
+
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+[ "$ngpu" -gt 0 ] || ngpu=1
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)" \
+  "x$ngpu; torch $(python3 -c 'import torch; print(torch.__version__)');" \
+  "triton $(python3 -c 'import triton; print(triton.__version__)' 2>/dev/null || echo none);" \
+  "sources $(src_hash); steps:$STEPS"
+
+# ---- build ------------------------------------------------------------------------------------------------
+t0=$SECONDS
+if [ -z "${SKIP_BUILD:-}" ]; then
+  if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$T/build.log" 2>&1; then
+    tail -30 "$T/build.log" | tee -a "$summary"
+    note "BUILD FAILED after $((SECONDS - t0)) s"
+    exit 1
+  fi
+  note "build: ok in $((SECONDS - t0)) s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, CXX=${CXX:-default});" \
+    "libstdc++: $(ldd torch_fused_ops/_C*.so 2>/dev/null | grep -o 'libstdc++[^ ]*' | head -1 || echo 'static (bad)')"
+else
+  note "build: skipped (SKIP_BUILD)"
+fi
+
+# ---- tests ------------------------------------------------------------------------------------------------
+rc_all=0
+# "N passed, M failed ..." of a pytest log, or its last line when it ended without one (a timeout).
+result_line() { grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s" "$1" | tail -1 || tail -1 "$1"; }
+if want tests; then
+  t0=$SECONDS
+  lim=$(budget "${TEST_TIMEOUT:-330}")
+  : > "$OUT/tests.log"
+  if [ "$lim" = 0 ]; then
+    skipped tests
+  elif [ -n "${TESTS:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout "$lim" python3 -m pytest $TESTS ${TESTS_K:+-k "$TESTS_K"} -q -p no:cacheprovider -rfE \
+      > "$OUT/tests.log" 2>&1
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    note "tests ($TESTS${TESTS_K:+ -k $TESTS_K}): rc=$rc in $((SECONDS - t0)) s: $(result_line "$OUT/tests.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$summary"
+  else
+    mapfile -t plan < <(shards)
+    pids=()
+    for i in "${!plan[@]}"; do
+      # shellcheck disable=SC2086
+      CUDA_VISIBLE_DEVICES=$((i % ngpu)) timeout "$lim" python3 -m pytest ${plan[$i]} -q -p no:cacheprovider -rfE \
+        > "$T/shard$((i + 1)).log" 2>&1 &
+      pids+=($!)
+    done
+    passed=0 failed=0 skips=0
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}"; rc=$?
+      log="$T/shard$((i + 1)).log"
+      [ $rc = 0 ] || rc_all=1
+      { echo "==== shard $((i + 1)): pytest ${plan[$i]} (rc=$rc)"; cat "$log"; } >> "$OUT/tests.log"
+      line=$(result_line "$log")
+      note "shard $((i + 1)) (${plan[$i]:0:100}): rc=$rc: $line"
+      grep -E "^(FAILED|ERROR)" "$log" | head -10 | tee -a "$summary"
+      p=$(grep -oE "[0-9]+ passed" <<< "$line" | grep -oE "[0-9]+"); passed=$((passed + ${p:-0}))
+      p=$(grep -oE "[0-9]+ skipped" <<< "$line" | grep -oE "[0-9]+"); skips=$((skips + ${p:-0}))
+      for f in $(grep -oE "[0-9]+ (failed|errors?)" <<< "$line" | grep -oE "[0-9]+"); do failed=$((failed + f)); done
+    done
+    note "tests: $passed passed, $failed failed or errors, $skips skipped, in $((SECONDS - t0)) s ($([ $rc_all = 0 ] && echo 'every shard rc=0' || echo 'a shard FAILED or timed out'))"
+  fi
+fi
+
+if [ -n "${EXTRA:-}" ]; then
+  t0=$SECONDS
+  lim=$(budget "${EXTRA_TIMEOUT:-200}")
+  if [ "$lim" = 0 ]; then skipped "extra ($EXTRA)"; else
+    OUT="$OUT" timeout "$lim" bash -c "$EXTRA" > "$OUT/extra.log" 2>&1
+    note "extra ($EXTRA): rc=$? in $((SECONDS - t0)) s"; tail -40 "$OUT/extra.log" >> "$summary"
+  fi
+fi
+
+# ---- bench ------------------------------------------------------------------------------------------------
+if want bench; then
+  t0=$SECONDS
+  lim=$(budget "${BENCH_TIMEOUT:-240}")
+  if [ "$lim" = 0 ]; then skipped bench; else
+    # shellcheck disable=SC2086
+    timeout "$lim" python3 -m torch_fused_ops.bench \
+      ${BENCH_ARGS:---shapes 1,32,8,16,16;16,32,32,64,64 --model-configs fp32,bf16,fp32-strict} --out "$T" \
+      > "$OUT/bench.md" 2> "$T/bench.log"
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    note "bench: rc=$rc in $((SECONDS - t0)) s"
+    cat "$OUT/bench.md" >> "$summary"
+    tail -5 "$T/bench.log" >> "$summary"
+    cp "$T"/bench_cuda.json "$T"/bench_cuda.png "$OUT/" 2>/dev/null
+  fi
+fi
+
+# ---- Nsight Compute ---------------------------------------------------------------------------------------
+if want ncu; then
+  t0=$SECONDS
+  lim=$(budget "${NCU_TIMEOUT:-180}")
+  if [ "$lim" = 0 ]; then skipped ncu; else
+    # shellcheck disable=SC2086
+    timeout "$lim" ncu --clock-control none -k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d}" \
+      ${NCU_ARGS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats} \
+      python3 benchmarks/profile_post_pool.py > "$OUT/ncu.txt" 2>&1
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    note "ncu: rc=$rc in $((SECONDS - t0)) s, $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu.txt") kernels profiled (ncu.txt)"
+    grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|Registers Per Thread|Achieved Occupancy" "$OUT/ncu.txt" \
+      | head -80 >> "$summary"
+  fi
+fi
+
+# ---- compute-sanitizer ------------------------------------------------------------------------------------
+if want sanitize; then
+  sel=${SANITIZE_TESTS:-tests/test_forward.py tests/test_autograd.py tests/test_bias.py tests/test_errors.py tests/test_opcheck.py}
+  : > "$OUT/sanitize.log"
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    t0=$SECONDS
+    lim=$(budget "${SANITIZE_TIMEOUT:-200}")
+    if [ "$lim" = 0 ]; then skipped "compute-sanitizer $tool"; continue; fi
+    envs=(); [ "$tool" = memcheck ] && envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    echo "==== compute-sanitizer --tool $tool: pytest $sel -k ${SANITIZE_K:-cuda}" >> "$OUT/sanitize.log"
+    # shellcheck disable=SC2086
+    env "${envs[@]}" timeout "$lim" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      python3 -m pytest $sel -k "${SANITIZE_K:-cuda}" -x -q -p no:cacheprovider > "$T/sanitize_$tool.log" 2>&1
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    cat "$T/sanitize_$tool.log" >> "$OUT/sanitize.log"
+    what=$([ $rc = 124 ] && echo "TIMED OUT at $(grep -oE '\[ *[0-9]+%\]' "$T/sanitize_$tool.log" | tail -1)" \
+           || grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$T/sanitize_$tool.log" | tail -1)
+    note "compute-sanitizer $tool: rc=$rc in $((SECONDS - t0)) s: $(result_line "$T/sanitize_$tool.log"); $what"
+  done
+fi
+
+n=$(find "$OUT" -type f | wc -l)
+[ "$n" -le 8 ] || note "WARNING: $n files in $OUT; the device tool returns 8"
+note "total: $SECONDS s, $([ $rc_all = 0 ] && echo 'every step rc=0' || echo 'a step FAILED')"
+echo "================ summary ================"
+cat "$summary"
+exit $rc_all
