@@ -1,51 +1,47 @@
-"""Inductor graph pass: LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d, or any suffix of it, ==> fused.post_pool.
+"""Inductor graph pass: LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d, or a suffix of it, ==> fused.post_pool.
 
 It runs on Inductor's pre-grad graph (``config.pre_grad_custom_pass``): the Torch-level graph Dynamo produced,
 before AOTAutograd. Rewriting there, rather than matching decomposed ATen patterns after AOTAutograd, means one
-rule covers every dtype (no per-dtype convert_element_type variants), inference and training alike (AOTAutograd
-then traces fused.post_pool's own autograd, so the backward graph uses fused.post_pool_backward and only
-pooled-size tensors are saved), static and dynamic shapes (symbolic slopes pass through as SymFloat), and
-every compile mode. It also matches the ATen spelling of the chain (as in exported programs), so AOTInductor
-packages use the fused op too. What it folds and fuses is set by ``pass_config.PassConfig``.
+rule covers every dtype, inference and training alike (AOTAutograd then traces fused.post_pool's own autograd, so
+the backward uses fused.post_pool_backward and only pooled-size tensors are saved), static and dynamic shapes
+(symbolic slopes pass through as SymFloat), and every compile mode. It also matches the ATen spelling (as in
+exported programs), so AOTInductor packages use the op too. What it folds and fuses: ``pass_config.PassConfig``.
 
 Partial chains. Walking back from a max_pool3d, the pass takes the longest run of ``leaky(s1) -> mul(m) ->
-leaky(s2)`` that ends in the pool, each step optional, and fills the missing steps with identities:
-``mul -> leaky(s2) -> pool`` is ``post_pool(x, m, 1.0, negative_slope2=s2)``, ``leaky(s) -> pool`` is
-``post_pool(x, 1, 1.0, negative_slope2=s)``, ``leaky(s1) -> mul -> pool`` has s2 = 1.0, ``mul -> pool`` both
-slopes 1.0, ``leaky -> leaky -> pool`` a unit multiplier. These are the pieces DDP's graph splitter
-(DDPOptimizer) leaves when a bucket boundary falls inside the chain, and common shapes of models of their own.
-- The forward is bit-identical to the missing steps' absence: the op's leaky is ``v > 0 ? v : v * s`` and
-  ``v * 1.0 == v`` for every float, -0.0, +-inf, NaN (payload included) and subnormals (no --use_fast_math, so
-  no flush to zero); a multiply by 1 is the same. In bfloat16/float16 a partial chain, like the full one, rounds
-  once from float32 where eager rounds after each step (``leaky -> pool``, one step, is bit-exact there too).
-- The input gradient is bit-identical to eager's in float32: the op applies eager's factors in eager's order
-  (leaky2', m, leaky1') and the missing ones are exact 1.0s. The multiplier's gradient sums the same products in
-  another order (per-channel sums over the pooled positions, where eager reduces the full-resolution product by
-  ``sum_to_size``): measured on CPU in float32 at [2, 8, 6, 10, 10] and [4, 32, 16, 32, 32] with a 2x2x2 pool,
-  ``mul -> leaky -> pool`` and ``leaky -> mul -> pool`` differ from eager by at most 3.0e-8 of the sum of the
-  terms' magnitudes (a quarter of float32's epsilon), and each is as close to the float64 sum as the other
-  (1.8e-8 and 1.3e-8). With overlapping windows eager sums the gradients reaching an element before multiplying
-  by it, the op multiplies first: tests/test_pass_partial.py requires the op's multiplier gradient to be within
-  twice eager's own float32 error against the float64 gradient.
-- The unit multiplier is a 0-d ``aten.full([], 1.0)`` node of the input's dtype and device inserted in the
-  graph: a constant Inductor builds on the device (no host sync, no new input), independent of the (possibly
-  symbolic) shapes, and spelled in ATen so exported programs accept it too. It requires no gradient.
-Not worth it, so left to Inductor: a lone max_pool3d (nothing to fuse; Inductor's own pooling fuses with its
-producer) and any chain without the pool (elementwise ops Inductor fuses itself).
+leaky(s2)`` ending in the pool, each step optional, the missing ones as identities: ``mul -> leaky(s2) -> pool``
+is ``post_pool(x, m, 1.0, negative_slope2=s2)``, ``leaky(s) -> pool`` is ``post_pool(x, 1, 1.0,
+negative_slope2=s)``, ``leaky(s1) -> mul -> pool`` has s2 = 1.0, ``mul -> pool`` both slopes 1.0. These are the
+pieces DDP's graph splitter (DDPOptimizer) leaves when a bucket boundary falls inside the chain (always between
+the first LeakyReLU and the multiply, where the multiplier parameter is used), and shapes of models of their own.
+- Forward: bit-identical. The op's leaky is ``v > 0 ? v : v * s``, and ``v * 1.0 == v`` for every float: -0.0,
+  +-inf, NaN (payload kept), subnormals (built without --use_fast_math: no flush to zero). In half dtypes a
+  partial chain, like the full one, rounds once from float32 where eager rounds after each step (a lone
+  ``leaky -> pool`` is one step, so bit-exact there too).
+- Input gradient: bit-identical in float32 (eager's factors in eager's order, the missing ones exact 1.0s).
+  Multiplier gradient: the same products summed in another order (per channel over pooled positions, where eager
+  reduces the full-resolution product). Measured in float32 on CPU, [2, 8, 6, 10, 10] and [4, 32, 16, 32, 32],
+  2x2x2 pool: ``mul -> leaky -> pool`` and ``leaky -> mul -> pool`` differ from eager by at most 3.0e-8 of the sum
+  of the terms' magnitudes (a quarter of float32's epsilon); op and eager are as close to float64 (1.8e-8, 1.3e-8).
+  With overlapping windows eager sums an element's gradients before multiplying, the op multiplies first; the
+  tests require the op to stay within twice eager's own float32 error against float64.
+- The unit multiplier is a 0-d ``aten.full([], 1.0)`` node of the input's dtype and device: a constant Inductor
+  builds on the device (no host sync, no new graph input), shape-independent (dynamic shapes), and ATen, so
+  exported graphs accept it too. It needs no gradient.
+Left to Inductor, as not worth it: a lone max_pool3d (nothing to fuse: Inductor lowers the pool itself and reads
+its producer inside the window loop) and chains without a pool (elementwise ops Inductor fuses itself).
 
-The rewrite applies only where it computes exactly what the original graph would; a step that fails a check is
-left in the graph and the match stops after it (the shorter suffix below it may still be fused):
+Only exact rewrites: a step failing a check stays in the graph and the match stops below it (the suffix after it
+may still be fused):
 - every absorbed intermediate (LeakyReLU outputs, the product) has no other user;
-- a multiplier is a tensor of the input's dtype and device that varies at most along the channel dim (no type
-  promotion, no broadcasting that changes the shape);
-- the input is 5-D floating point, the pool returns no indices, and the pool parameters are Python ints;
+- a multiplier is a tensor of the input's dtype and device varying at most along the channel dim (no type
+  promotion, no broadcast that changes the shape);
+- the input is 5-D floating point, the pool returns no indices, and its parameters are Python ints;
 - an in-place LeakyReLU is absorbed as the first step only when its input is an intermediate nobody else reads
-  (not a graph input, not a view of another tensor).
-Anything else is left untouched, so the graph compiles as it would without this package.
+  (not a graph input, not a view, not another in-place op's output).
 
-Conv routes. A convolution feeding the chain (full or partial) can fold its bias into fused.post_pool_bias
-(``fold_conv_bias``) or, for conv_transpose3d, join the op as fused.conv_transpose3d_post_pool
-(``fuse_conv_transpose``, ``conv_inference_op``, ``conv_in_training``: see PassConfig).
+Conv routes. The convolution feeding a chain (full or partial) can fold its bias into fused.post_pool_bias
+(``fold_conv_bias``) or, for conv_transpose3d, join the op (``fuse_conv_transpose``, ``conv_inference_op``,
+``conv_in_training``: see PassConfig).
 """
 from __future__ import annotations
 
@@ -54,56 +50,28 @@ import functools
 import glob
 import hashlib
 import inspect
-import operator
 import os
 import sys
-import types
-import warnings
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph, Node
 
-from . import pass_config
-from ._geometry import expand3
+from . import _pass_nodes, pass_config
+from ._pass_nodes import (_CONV_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step, _pool, _single_user,
+                          _slope, _val)
 
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
 _FUSED_BIAS = torch.ops.fused.post_pool_bias.default
 _FUSED_CONV = torch.ops.fused.conv_transpose3d_post_pool.default
 
-# Convolutions whose bias can be folded: (bias position, parameter names).
-_CONV_SIGS = {
-    torch.conv_transpose3d: ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
-    torch.conv3d: ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-}
-
-# (target, positional parameter names, defaults, in place?)
-_LEAKY_SIGS: dict[Any, tuple[tuple[str, ...], dict[str, Any], bool]] = {
-    F.leaky_relu: (("input", "negative_slope", "inplace"), {"negative_slope": 0.01, "inplace": False}, False),
-    torch._C._nn.leaky_relu: (("input", "negative_slope"), {"negative_slope": 0.01}, False),
-    aten.leaky_relu.default: (("self", "negative_slope"), {"negative_slope": 0.01}, False),
-    F.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
-    torch._C._nn.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
-}
-_MUL_TARGETS = {operator.mul, torch.mul, torch.Tensor.mul, aten.mul.Tensor}
-_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-_POOL_SIGS: dict[Any, dict[str, Any]] = {
-    F.max_pool3d: {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False},
-    torch.max_pool3d: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},
-    aten.max_pool3d.default: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},  # torch.export
-}
-_ATEN_POOL_WITH_INDICES = aten.max_pool3d_with_indices.default
-
 
 @dataclasses.dataclass
 class _Conv:
     """The conv_transpose3d producing the chain's input, joining fused.conv_transpose3d_post_pool."""
-    node: Node
     input: Node
     weight: Node
     bias: Node | None
@@ -128,145 +96,6 @@ class Match:
     steps: tuple[str, ...]       # the absorbed steps in graph order, e.g. ("leaky", "mul", "leaky")
     bias: Node | None = None     # a convolution bias folded into fused.post_pool_bias
     conv: _Conv | None = None    # a conv_transpose3d joining the op
-
-
-def _bind(node: Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
-    """Arguments of a call by parameter name, or None when the call has arguments we do not know."""
-    if len(node.args) > len(names):
-        return None
-    bound = dict(defaults)
-    bound.update(zip(names, node.args))
-    for k, v in node.kwargs.items():
-        if k not in names:
-            return None
-        bound[k] = v
-    return bound if all(n in bound for n in names[:1]) else None
-
-
-def _val(x: Any) -> Any:
-    """The example value of a node (fake tensor or symbolic scalar), or the constant itself."""
-    if isinstance(x, Node):
-        return x.meta.get("val", x.meta.get("example_value"))
-    return x
-
-
-def _known(expr: Any) -> bool:
-    """True only when `expr` holds for every value the compiled graph can see (no new guards)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(expr))
-    except Exception:  # pragma: no cover - very old torch
-        return bool(expr) if isinstance(expr, bool) else False
-
-
-def _single_user(node: Any) -> bool:
-    return isinstance(node, Node) and len(node.users) == 1
-
-
-def _leaky(node: Any) -> tuple[Node, Any, bool] | None:
-    """(input, slope, in_place) if `node` is a LeakyReLU call."""
-    if not isinstance(node, Node) or node.op != "call_function" or node.target not in _LEAKY_SIGS:
-        return None
-    names, defaults, inplace = _LEAKY_SIGS[node.target]
-    b = _bind(node, names, defaults)
-    if b is None or b.get("inplace", False) not in (True, False):
-        return None
-    inp = b[names[0]]
-    inplace = inplace or b.get("inplace", False) is True
-    return (inp, b["negative_slope"], inplace) if isinstance(inp, Node) else None
-
-
-def _mul_operands(node: Any) -> tuple[Any, Any] | None:
-    if not isinstance(node, Node) or len(node.args) != 2 or node.kwargs:
-        return None
-    if (node.op == "call_function" and node.target in _MUL_TARGETS) or (node.op == "call_method"
-                                                                        and node.target == "mul"):
-        return node.args[0], node.args[1]
-    return None
-
-
-def _pool(node: Node) -> tuple[Node, dict[str, Any], list[Node]] | None:
-    """(pool input, pool parameters, nodes to erase) if `node` produces max_pool3d's values without indices."""
-    if node.op != "call_function":
-        return None
-    if node.target in _POOL_SIGS:
-        b = _bind(node, _POOL_PARAMS, _POOL_SIGS[node.target])
-        if b is None or b.get("return_indices", False) is not False or not isinstance(b["input"], Node):
-            return None
-        return b["input"], b, [node]
-    # ATen spelling: getitem(max_pool3d_with_indices(...), 0) with the indices unused.
-    if node.target is operator.getitem and node.args[1] == 0:
-        src = node.args[0]
-        if (isinstance(src, Node) and src.op == "call_function" and src.target is _ATEN_POOL_WITH_INDICES
-                and _single_user(src)):
-            b = _bind(src, _POOL_PARAMS[:6], {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False})
-            if b is None or not isinstance(b["input"], Node):
-                return None
-            return b["input"], b, [node, src]
-    return None
-
-
-def _ints3(v: Any, *, empty_ok: bool = False) -> list[int] | None:
-    """An int or a 1-/3-sequence of Python ints as three ints (expand3's rule); None for anything else (a
-    symbolic int, a bool, another length), which the matcher refuses rather than raise on."""
-    if v is None:
-        return [] if empty_ok else None
-    if isinstance(v, (list, tuple)):
-        if not all(type(e) is int for e in v):
-            return None
-    elif type(v) is not int:
-        return None
-    try:
-        return list(expand3("pool/conv parameter", v, allow_empty_as=[] if empty_ok else None))
-    except ValueError:
-        return None
-
-
-def _slope(v: Any) -> Any:
-    """A slope we can pass on: a Python number, or a node holding a (symbolic) float."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, Node) and isinstance(_val(v), (float, torch.SymFloat)):
-        return v
-    return None
-
-
-def _input_ok(x: Any, out: Any) -> bool:
-    """A 5-D floating-point tensor whose step keeps its dtype."""
-    return (isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor) and x.dim() == 5
-            and x.dtype.is_floating_point and out.dtype == x.dtype)
-
-
-def _multiplier_ok(x: Any, m: Any, out: Any) -> bool:
-    """m broadcasts against x varying at most along C, with x's dtype and device, and changes no shape."""
-    if not _input_ok(x, out) or not isinstance(m, torch.Tensor):
-        return False
-    if m.dtype != x.dtype or m.device != x.device or m.dim() > 5:
-        return False
-    if _known(m.numel() == 1):
-        return True
-    for i, size in enumerate(m.shape):
-        if _known(size == 1):
-            continue
-        if 5 - m.dim() + i != 1 or not _known(size == x.shape[1]):
-            return False
-    return True
-
-
-def _mul_step(node: Node) -> tuple[Node, Node] | None:
-    """(chain input, multiplier) of a product the chain may absorb; the chain operand a LeakyReLU if either is."""
-    ops = _mul_operands(node)
-    if ops is None:
-        return None
-    orders = sorted((ops, ops[::-1]), key=lambda o: _leaky(o[0]) is None)
-    for x, m in orders:
-        if isinstance(x, Node) and isinstance(m, Node) and x is not m and _multiplier_ok(_val(x), _val(m),
-                                                                                         _val(node)):
-            return x, m
-    return None
 
 
 def _visible(x: Node) -> bool:
@@ -315,7 +144,7 @@ def _match(pool_node: Node, cfg: pass_config.PassConfig) -> Match | None:
     x = steps[0][2]
     match = Match(x=x, multiplier=params.get("mul"), s1=s1, s2=s2, pool=(k, st, pad, dil, ceil),
                   dead=[*pool_nodes, *(s[0] for s in reversed(steps))], anchor=pool_nodes[0],
-                  steps=tuple(k.rstrip("12") for k in kinds))
+                  steps=tuple(kind.rstrip("12") for kind in kinds))
     match.conv = _fusable_conv_transpose(match, cfg)
     if match.conv is not None:
         match.dead.append(x)
@@ -368,7 +197,7 @@ def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv 
         return None
     numeric = all(isinstance(s, float) for s in (match.s1, match.s2))
     triton_op = applies and not training and numeric and cfg.conv_inference_op == "triton_op"
-    return _Conv(x, b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation,
+    return _Conv(b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation,
                  triton_op)
 
 
@@ -454,7 +283,7 @@ def _source_digest() -> str:
     for lib in sorted(glob.glob(os.path.join(here, "_C.*"))):
         st = os.stat(lib)
         h.update(f"{os.path.basename(lib)}|{st.st_size}|{st.st_mtime_ns}".encode())
-    for mod in (sys.modules[__name__], pass_config, ops, _geometry, conv_ops):
+    for mod in (sys.modules[__name__], _pass_nodes, pass_config, ops, _geometry, conv_ops):
         h.update(inspect.getsource(mod).encode())
     try:  # the Triton kernels and their launchers (the conv route's fake strides and code come from them)
         from . import (_conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton, _conv_post_pool_triton,
@@ -544,35 +373,5 @@ def rewrite(graph: Graph, config: pass_config.PassConfig | None = None) -> int:
     return count
 
 
-# ---- the module-level switches of earlier releases -------------------------------------------------------
-
-class _LegacySwitches(types.ModuleType):
-    """``fusion_pass.FOLD_CONV_BIAS`` / ``FUSE_CONV_TRANSPOSE`` read and write pass_config (deprecated: use
-    ``pass_config.patch``). Writing FUSE_CONV_TRANSPOSE sets what the string meant: "always" sent every graph,
-    training included, to the public fused-convolution op; "cuda" CUDA inference graphs to the triton_op."""
-
-    @property
-    def FOLD_CONV_BIAS(self) -> str:
-        return pass_config.current().fold_conv_bias
-
-    @FOLD_CONV_BIAS.setter
-    def FOLD_CONV_BIAS(self, value: str) -> None:
-        warnings.warn("fusion_pass.FOLD_CONV_BIAS is deprecated; use torch_fused_ops.pass_config.patch("
-                      "fold_conv_bias=...)", DeprecationWarning, stacklevel=2)
-        pass_config.set_current(pass_config.current().replace(fold_conv_bias=value))
-
-    @property
-    def FUSE_CONV_TRANSPOSE(self) -> str:
-        return pass_config.current().fuse_conv_transpose
-
-    @FUSE_CONV_TRANSPOSE.setter
-    def FUSE_CONV_TRANSPOSE(self, value: str) -> None:
-        warnings.warn("fusion_pass.FUSE_CONV_TRANSPOSE is deprecated; use torch_fused_ops.pass_config.patch("
-                      "fuse_conv_transpose=..., conv_in_training=..., conv_inference_op=...)", DeprecationWarning,
-                      stacklevel=2)
-        always = value == "always"
-        pass_config.set_current(pass_config.current().replace(
-            fuse_conv_transpose=value, conv_in_training=always, conv_inference_op="public" if always else "triton_op"))
-
-
-sys.modules[__name__].__class__ = _LegacySwitches
+# fusion_pass.FOLD_CONV_BIAS / FUSE_CONV_TRANSPOSE, the switches of earlier releases, read and write pass_config.
+sys.modules[__name__].__class__ = pass_config.LegacySwitchesModule

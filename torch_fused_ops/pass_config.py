@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import types
+import warnings
 from collections.abc import Iterator
 from typing import Literal
 
@@ -105,3 +107,33 @@ def patch(config: PassConfig | None = None, **changes) -> Iterator[PassConfig]:
         yield new
     finally:
         set_current(previous)
+
+
+class LegacySwitchesModule(types.ModuleType):
+    """The class of the fusion_pass module: its ``FOLD_CONV_BIAS`` / ``FUSE_CONV_TRANSPOSE`` attributes, the
+    switches of earlier releases, read and write the current PassConfig (deprecated: use `patch`). Writing
+    FUSE_CONV_TRANSPOSE sets what the string meant: "always" sent every graph, training included, to the public
+    fused-convolution op; "cuda" CUDA inference graphs to the triton_op."""
+
+    @property
+    def FOLD_CONV_BIAS(self) -> str:
+        return current().fold_conv_bias
+
+    @FOLD_CONV_BIAS.setter
+    def FOLD_CONV_BIAS(self, value: str) -> None:
+        warnings.warn("fusion_pass.FOLD_CONV_BIAS is deprecated; use torch_fused_ops.pass_config.patch("
+                      "fold_conv_bias=...)", DeprecationWarning, stacklevel=2)
+        set_current(current().replace(fold_conv_bias=value))
+
+    @property
+    def FUSE_CONV_TRANSPOSE(self) -> str:
+        return current().fuse_conv_transpose
+
+    @FUSE_CONV_TRANSPOSE.setter
+    def FUSE_CONV_TRANSPOSE(self, value: str) -> None:
+        warnings.warn("fusion_pass.FUSE_CONV_TRANSPOSE is deprecated; use torch_fused_ops.pass_config.patch("
+                      "fuse_conv_transpose=..., conv_in_training=..., conv_inference_op=...)", DeprecationWarning,
+                      stacklevel=2)
+        always = value == "always"
+        set_current(current().replace(fuse_conv_transpose=value, conv_in_training=always,
+                                      conv_inference_op="public" if always else "triton_op"))
