@@ -336,3 +336,64 @@ def test_e2e_partial_form_joins_conv_and_bias_routes(grad):
             params = (x, model.conv.weight, model.conv.bias)
             for a, e in zip(torch.autograd.grad(out.sum(), params), torch.autograd.grad(ref.sum(), params)):
                 torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+class ConvPartial(nn.Module):
+    """The KernelBench convolution feeding a partial chain: `mul -> leaky -> pool` or `leaky -> pool`."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form = form
+        self.conv = nn.ConvTranspose3d(16, 32, 3, stride=2, padding=1, output_padding=1)
+        self.m = nn.Parameter(torch.rand(32, 1, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y * self.m if self.form == "mul_leaky" else y
+        return F.max_pool3d(F.leaky_relu(y, 0.2), 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("form", ["mul_leaky", "leaky"])
+def test_cuda_partial_forms_join_the_fused_convolution(form):
+    # CUDA inference: the partial chain joins the convolution in the triton_op (strict float32: the isolated
+    # inductor fixture turns TF32 off), compared with eager float64.
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    model = ConvPartial(form).cuda()
+    x = torch.randn(2, 16, 4, 6, 6, device="cuda")
+    with torch.no_grad(), pass_config.patch(fuse_conv_transpose="cuda"):
+        ref = model.double()(x.double()).float()
+        model.float()
+        torch._dynamo.reset()
+        before = torch_fused_ops.matched_count()
+        out, code = run_and_get_code(torch.compile(model), x)
+    code = "\n".join(code)
+    assert torch_fused_ops.matched_count() - before == 1
+    assert "extern_kernels.convolution(" not in code and "_conv_t3d_pool" in code
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("conv_in_training", [False, True])
+def test_cuda_partial_form_training_routes(conv_in_training):
+    # Training: cuDNN's convolution + fused.post_pool(_bias) by default; the public fused op with
+    # conv_in_training. Gradients against eager's (TF32 off), by relative norm: the fused op's convolution rounds
+    # differently from cuDNN's, and a near-tied window may then select another element.
+    torch.manual_seed(0)
+    model = ConvPartial("mul_leaky").cuda()
+    x = torch.randn(2, 16, 4, 6, 6, device="cuda", requires_grad=True)
+    params = [x, model.conv.weight, model.conv.bias, model.m]
+    ref = model(x)
+    want = torch.autograd.grad(ref.sum(), params)
+    with pass_config.patch(fuse_conv_transpose="cuda", fold_conv_bias="cuda", conv_in_training=conv_in_training):
+        out, code, matched = compile_run(model, x)
+    assert matched == 1
+    assert ("conv_transpose3d_post_pool" in code) == conv_in_training
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for name, a, e in zip(("input", "weight", "bias", "multiplier"), torch.autograd.grad(out.sum(), params), want):
+        rel = ((a - e).norm() / e.norm()).item()
+        assert rel < (1e-3 if conv_in_training else 1e-5), f"grad {name}: relative error {rel:.2e}"
