@@ -38,7 +38,7 @@ def _deterministic_defaults():
 def _pass_settings_for_post_pool_tests(request):
     # The test_pass_* files check how the pass rewrites chains into fused.post_pool; the two CUDA-default routes
     # that replace more than the chain have their own files (conv-bias fold: test_pass_bias_fold.py; the fused
-    # transposed convolution: test_conv_op.py, test_pass_conv_config.py) and are switched off elsewhere.
+    # transposed convolution: test_conv_op.py, test_pass_conv_route.py) and are switched off elsewhere.
     name = request.module.__name__.rpartition(".")[2]
     if not name.startswith("test_pass_"):
         yield

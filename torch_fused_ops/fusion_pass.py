@@ -257,9 +257,8 @@ def _emit(graph: Graph, match: Match) -> Node:
     if c is not None and c.triton_op:
         # TF32 is decided here, from torch.backends.cudnn.allow_tf32 at compile time: a compiled graph keeps the
         # choice it was compiled with (the pass's uuid includes the flag, so cached graphs follow it).
-        from . import _conv_triton_op  # registers the op; imports Triton
+        from . import _conv_triton_op  # noqa: F401  (registers the op; imports Triton)
 
-        del _conv_triton_op
         return graph.call_function(torch.ops.fused.conv_transpose3d_post_pool_infer.default, (
             c.input, c.weight, c.bias, m, s1, s2, list(c.output_padding), bool(torch.backends.cudnn.allow_tf32)))
     if c is not None:
