@@ -397,3 +397,24 @@ def test_cuda_partial_form_training_routes(conv_in_training):
     for name, a, e in zip(("input", "weight", "bias", "multiplier"), torch.autograd.grad(out.sum(), params), want):
         rel = ((a - e).norm() / e.norm()).item()
         assert rel < (1e-3 if conv_in_training else 1e-5), f"grad {name}: relative error {rel:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_unit_multiplier_needs_no_host_sync():
+    # The unit multiplier is built on the device inside the compiled graph: a call after the compiling one runs
+    # with CUDA's sync debug mode set to raise on any synchronising operation.
+    torch._dynamo.reset()
+    x = make_input(SHAPE, device="cuda", seed=23)
+    compiled = torch.compile(f_leaky, fullgraph=True)
+    before = torch_fused_ops.matched_count()
+    with torch.no_grad():
+        compiled(x, None)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = compiled(x, None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert_bitwise_equal(out, f_leaky(x, None))
+    assert torch_fused_ops.matched_count() - before == 1
