@@ -17,7 +17,9 @@ the first LeakyReLU and the multiply, where the multiplier parameter is used), a
   +-inf, NaN (payload kept), subnormals (built without --use_fast_math: no flush to zero). In half dtypes a
   partial chain, like the full one, rounds once from float32 where eager rounds after each step (a lone
   ``leaky -> pool`` is one step, so bit-exact there too).
-- Input gradient: bit-identical in float32 (eager's factors in eager's order, the missing ones exact 1.0s).
+- Input gradient: equal to eager's in float32, bit for bit where a window selected the element (eager's factors
+  in eager's order, the missing ones exact 1.0s); elsewhere +0.0, where eager's zeros, multiplied by m and the
+  slopes, may be -0.0 (as for the full chain).
   Multiplier gradient: the same products summed in another order (per channel over pooled positions, where eager
   reduces the full-resolution product). Measured in float32 on CPU, [2, 8, 6, 10, 10] and [4, 32, 16, 32, 32],
   2x2x2 pool: ``mul -> leaky -> pool`` and ``leaky -> mul -> pool`` differ from eager by at most 3.0e-8 of the sum
