@@ -35,15 +35,18 @@ def _deterministic_defaults():
 
 
 @pytest.fixture(autouse=True)
-def _pass_settings_for_post_pool_tests(request, monkeypatch):
+def _pass_settings_for_post_pool_tests(request):
     # The test_pass_* files check how the pass rewrites chains into fused.post_pool; the two CUDA-default routes
     # that replace more than the chain have their own files (conv-bias fold: test_pass_bias_fold.py; the fused
-    # transposed convolution: test_conv_op.py) and are switched off elsewhere.
+    # transposed convolution: test_conv_op.py, test_pass_conv_route.py) and are switched off elsewhere.
     name = request.module.__name__.rpartition(".")[2]
     if not name.startswith("test_pass_"):
+        yield
         return
-    from torch_fused_ops import fusion_pass
+    from torch_fused_ops import pass_config
 
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "off")
+    changes = {"fuse_conv_transpose": "off"}
     if name != "test_pass_bias_fold":
-        monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "off")
+        changes["fold_conv_bias"] = "off"
+    with pass_config.patch(**changes):
+        yield

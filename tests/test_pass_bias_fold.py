@@ -1,10 +1,10 @@
-"""The pass folding a convolution's bias into fused.post_pool_bias (fusion_pass.FOLD_CONV_BIAS)."""
+"""The pass folding a convolution's bias into fused.post_pool_bias (PassConfig.fold_conv_bias)."""
 
 import pytest
 import torch
 from torch import nn
 
-from torch_fused_ops import fusion_pass
+from torch_fused_ops import fusion_pass, pass_config
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from pass_testing import compile_run
 from pass_testing import _isolated_inductor  # noqa: F401  (the autouse fixture of the pass tests)
@@ -12,8 +12,9 @@ from test_bias import DEVICES  # CUDA only with the post_pool_bias CUDA kernels 
 
 
 @pytest.fixture
-def fold(monkeypatch):
-    monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "always")
+def fold():
+    with pass_config.patch(fold_conv_bias="always"):
+        yield
 
 
 class Conv3dChain(nn.Module):
@@ -93,20 +94,24 @@ def test_no_fold_when_conv_output_is_used_elsewhere(device, fold):
     torch.testing.assert_close(mean, ref_mean, rtol=1e-5, atol=1e-6)
 
 
-def test_fold_off_keeps_plain_op_and_changes_uuid(monkeypatch):
+def test_fold_off_keeps_plain_op_and_changes_uuid():
     model = ConvTransposeLeakyMulLeakyPool()
     x = torch.randn(1, 16, 3, 4, 4)
-    monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "off")
-    uuid_off = fusion_pass.PostPoolFusionPass().uuid()
-    with torch.no_grad():
-        _, code, matched = compile_run(model, x)
+    with pass_config.patch(fold_conv_bias="off"):
+        uuid_off = fusion_pass.PostPoolFusionPass().uuid()
+        with torch.no_grad():
+            _, code, matched = compile_run(model, x)
     assert matched == 1 and "post_pool_bias" not in code and "fused.post_pool" in code
-    monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "always")
-    assert fusion_pass.PostPoolFusionPass().uuid() != uuid_off
+    with pass_config.patch(fold_conv_bias="always"):
+        assert fusion_pass.PostPoolFusionPass().uuid() != uuid_off
 
 
-def test_fold_cuda_mode_leaves_cpu_graphs_alone(monkeypatch):
-    monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "cuda")
+def test_fold_cuda_mode_leaves_cpu_graphs_alone():
+    with pass_config.patch(fold_conv_bias="cuda"):
+        _fold_cuda_mode_leaves_cpu_graphs_alone()
+
+
+def _fold_cuda_mode_leaves_cpu_graphs_alone():
     model = ConvTransposeLeakyMulLeakyPool()
     x = torch.randn(1, 16, 3, 4, 4)
     with torch.no_grad():

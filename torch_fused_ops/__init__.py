@@ -3,7 +3,8 @@
 ``import torch_fused_ops`` loads the C++/CUDA library (registering ``torch.ops.fused.*``), the Python
 fake/autograd registrations, and installs the Inductor pass that rewrites LeakyReLU -> x multiplier ->
 LeakyReLU -> MaxPool3d chains in torch.compile graphs to ``fused.post_pool`` (set TORCH_FUSED_OPS_DISABLE=1
-before import to skip that; see :func:`enable`, :func:`disable`, :func:`fusion_enabled`).
+before import to skip that; see :func:`enable`, :func:`disable`, :func:`fusion_enabled`; what the pass folds
+and fuses: :mod:`torch_fused_ops.pass_config`; environment variables: :mod:`torch_fused_ops.envs`).
 """
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ __version__ = "0.1.0"
 from .ops import post_pool, reference_post_pool  # noqa: E402
 from .conv_ops import conv_transpose3d_post_pool  # noqa: E402
 from ._install import disable, enable, fusion_enabled, install, is_enabled, matched_count  # noqa: E402
+from . import envs, pass_config  # noqa: E402
+from .pass_config import PassConfig  # noqa: E402
 
 __all__ = [
     "post_pool", "reference_post_pool", "conv_transpose3d_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
-    "matched_count", "__version__",
+    "matched_count", "PassConfig", "pass_config", "envs", "__version__",
 ]
 
 

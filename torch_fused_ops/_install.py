@@ -8,14 +8,14 @@ with the pass is never served without it, or the reverse.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 from torch._inductor import config as inductor_config
 
+from . import envs
 from .fusion_pass import PostPoolFusionPass
 
-ENV_DISABLE = "TORCH_FUSED_OPS_DISABLE"
+ENV_DISABLE = "TORCH_FUSED_OPS_DISABLE"  # declared in envs.py
 _pass: PostPoolFusionPass | None = None
 
 
@@ -25,7 +25,7 @@ def _ours(p) -> bool:
 
 def install() -> None:
     """Install at import time, unless the environment says not to."""
-    if os.environ.get(ENV_DISABLE, "0") not in ("", "0"):
+    if envs.TORCH_FUSED_OPS_DISABLE:
         return
     enable()
 

@@ -179,7 +179,7 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
     x = torch.randn(batch, 16, *DEFAULT_INPUT, device=device, dtype=dtype)
     xg = x.clone().requires_grad_()
     rows = []
-    from torch_fused_ops import fusion_pass
+    from torch_fused_ops import pass_config
 
     variants = [("eager", None, None)]
     if use_compile:
@@ -188,16 +188,16 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
         variants += [("torch.compile, pass off", False, None), ("torch.compile, pass on", True, None)]
         if extra_variant:
             variants.append(("torch.compile, pass on, conv not fused", True, "off"))
-    default_fold, default_conv = fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE
     for name, use_pass, conv_setting in variants:
         torch._dynamo.reset()
         before = torch_fused_ops.matched_count()
-        fusion_pass.FUSE_CONV_TRANSPOSE = default_conv if conv_setting is None else conv_setting
+        settings = {} if conv_setting is None else {"fuse_conv_transpose": conv_setting}
         # Caches off so every compiled variant runs the pass (a cache hit would skip it and count no match).
         fresh = [torch._inductor.config.patch(fx_graph_cache=False)]
         if hasattr(torch._functorch.config, "enable_autograd_cache"):
             fresh.append(torch._functorch.config.patch(enable_autograd_cache=False))
-        with torch_fused_ops.fusion_enabled(bool(use_pass)), contextlib.ExitStack() as stack:
+        with torch_fused_ops.fusion_enabled(bool(use_pass)), pass_config.patch(**settings), \
+                contextlib.ExitStack() as stack:
             for cm in fresh:
                 stack.enter_context(cm)
             fn = model if use_pass is None else torch.compile(model, mode=mode)
@@ -218,7 +218,6 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
             else:
                 peak = float("nan")
             train = median_us(step, device, reps=max(3, reps // 3))
-        fusion_pass.FOLD_CONV_BIAS, fusion_pass.FUSE_CONV_TRANSPOSE = default_fold, default_conv
         matched = torch_fused_ops.matched_count() - before
         rows.append(dict(what="Model", config=config, impl=name, shape=list(x.shape), forward_us=fwd,
                          train_step_us=train, train_peak_MiB=peak, matched=matched))

@@ -1,313 +1,211 @@
-"""Inductor graph pass: LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d  ==>  fused.post_pool.
+"""Inductor graph pass: LeakyReLU -> x multiplier -> LeakyReLU -> MaxPool3d, or a suffix of it, ==> fused.post_pool.
 
 It runs on Inductor's pre-grad graph (``config.pre_grad_custom_pass``): the Torch-level graph Dynamo produced,
 before AOTAutograd. Rewriting there, rather than matching decomposed ATen patterns after AOTAutograd, means one
-rule covers every dtype (no per-dtype convert_element_type variants), inference and training alike (AOTAutograd
-then traces fused.post_pool's own autograd, so the backward graph uses fused.post_pool_backward and only
-pooled-size tensors are saved), static and dynamic shapes (symbolic slopes pass through as SymFloat), and
-every compile mode. It also matches the ATen spelling of the chain (as in exported programs), so AOTInductor
-packages built from an ExportedProgram use the fused op too.
+rule covers every dtype, inference and training alike (AOTAutograd then traces fused.post_pool's own autograd, so
+the backward uses fused.post_pool_backward and only pooled-size tensors are saved), static and dynamic shapes
+(symbolic slopes pass through as SymFloat), and every compile mode. It also matches the ATen spelling (as in
+exported programs), so AOTInductor packages use the op too. What it folds and fuses: ``pass_config.PassConfig``.
 
-The rewrite applies only where it computes exactly what the original graph would:
-- every intermediate (both LeakyReLUs and the product) has no other user;
-- the multiplier is a tensor of the input's dtype and device that varies at most along the channel dim;
-- the input is 5-D floating point, the pool returns no indices, and the pool parameters are Python ints;
-- an in-place first LeakyReLU is fused only when its input is an intermediate nobody else reads.
-Anything else is left untouched, so the graph compiles as it would without this package.
+Partial chains. Walking back from a max_pool3d, the pass takes the longest run of ``leaky(s1) -> mul(m) ->
+leaky(s2)`` ending in the pool, each step optional, the missing ones as identities: ``mul -> leaky(s2) -> pool``
+is ``post_pool(x, m, 1.0, negative_slope2=s2)``, ``leaky(s) -> pool`` is ``post_pool(x, 1, 1.0,
+negative_slope2=s)``, ``leaky(s1) -> mul -> pool`` has s2 = 1.0, ``mul -> pool`` both slopes 1.0. These are the
+pieces DDP's graph splitter (DDPOptimizer) leaves when a bucket boundary falls inside the chain (always between
+the first LeakyReLU and the multiply, where the multiplier parameter is used), and shapes of models of their own.
+- Forward: bit-identical. The op's leaky is ``v > 0 ? v : v * s``, and ``v * 1.0 == v`` for every float: -0.0,
+  +-inf, NaN (payload kept), subnormals (built without --use_fast_math: no flush to zero). In half dtypes a
+  partial chain, like the full one, rounds once from float32 where eager rounds after each step (a lone
+  ``leaky -> pool`` is one step, so bit-exact there too).
+- Input gradient: equal to eager's in float32, bit for bit where a window selected the element (eager's factors
+  in eager's order, the missing ones exact 1.0s); elsewhere +0.0, where eager's zeros, multiplied by m and the
+  slopes, may be -0.0 (as for the full chain).
+  Multiplier gradient: the same products summed in another order (per channel over pooled positions, where eager
+  reduces the full-resolution product). Measured in float32 on CPU, [2, 8, 6, 10, 10] and [4, 32, 16, 32, 32],
+  2x2x2 pool: ``mul -> leaky -> pool`` and ``leaky -> mul -> pool`` differ from eager by at most 3.0e-8 of the sum
+  of the terms' magnitudes (a quarter of float32's epsilon); op and eager are as close to float64 (1.8e-8, 1.3e-8).
+  With overlapping windows eager sums an element's gradients before multiplying, the op multiplies first; the
+  tests require the op to stay within twice eager's own float32 error against float64.
+- The unit multiplier is a 0-d ``aten.full([], 1.0)`` node of the input's dtype and device: a constant Inductor
+  builds on the device (no host sync, no new graph input), shape-independent (dynamic shapes), and ATen, so
+  exported graphs accept it too. It needs no gradient.
+Left to Inductor, as not worth it: a lone max_pool3d (nothing to fuse: Inductor lowers the pool itself and reads
+its producer inside the window loop) and chains without a pool (elementwise ops Inductor fuses itself).
+
+Only exact rewrites: a step failing a check stays in the graph and the match stops below it (the suffix after it
+may still be fused):
+- every absorbed intermediate (LeakyReLU outputs, the product) has no other user;
+- a multiplier is a tensor of the input's dtype and device varying at most along the channel dim (no type
+  promotion, no broadcast that changes the shape);
+- the input is 5-D floating point, the pool returns no indices, and its parameters are Python ints;
+- an in-place LeakyReLU is absorbed as the first step only when its input is an intermediate nobody else reads
+  (not a graph input, not a view, not another in-place op's output).
+
+Conv routes. The convolution feeding a chain (full or partial) can fold its bias into fused.post_pool_bias
+(``fold_conv_bias``) or, for conv_transpose3d, join the op (``fuse_conv_transpose``, ``conv_inference_op``,
+``conv_in_training``: see PassConfig).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import glob
 import hashlib
 import inspect
-import operator
+import os
 import sys
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph, Node
+
+from . import _pass_nodes, pass_config
+from ._pass_nodes import (_CONV_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step, _pool, _single_user,
+                          _slope, _val)
 
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
 _FUSED_BIAS = torch.ops.fused.post_pool_bias.default
 _FUSED_CONV = torch.ops.fused.conv_transpose3d_post_pool.default
 
-# Fold the bias of a convolution that feeds the chain into fused.post_pool_bias: "off", "cuda" (inputs on CUDA
-# only, where Inductor would otherwise peel the bias off into a separate full-resolution add) or "always".
-# "cuda" by default: on the H200 it makes the compiled Model's forward faster than without the pass (see
-# docs/performance.md); on CPU Inductor keeps the bias inside the mkldnn convolution, so folding would not help.
-FOLD_CONV_BIAS = "cuda"
 
-# Route conv_transpose3d -> chain to fused.conv_transpose3d_post_pool (one Triton kernel that never writes the
-# full-resolution convolution output) where its fused path applies: "off"; "cuda": CUDA inference graphs only
-# (on the H200 the fused op's forward is 1.7x faster, but its training step slower than cuDNN's convolution +
-# post_pool_bias; on CPU the op would only run the same convolution and post_pool); "always": every graph
-# (tests: the op's composite path on CPU).
-FUSE_CONV_TRANSPOSE = "cuda"
-
-# Convolutions whose bias can be folded: (bias position, parameter names).
-_CONV_SIGS = {
-    torch.conv_transpose3d: ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
-    torch.conv3d: ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-}
-
-# (target, positional parameter names, defaults, in place?)
-_LEAKY_SIGS: dict[Any, tuple[tuple[str, ...], dict[str, Any], bool]] = {
-    F.leaky_relu: (("input", "negative_slope", "inplace"), {"negative_slope": 0.01, "inplace": False}, False),
-    torch._C._nn.leaky_relu: (("input", "negative_slope"), {"negative_slope": 0.01}, False),
-    aten.leaky_relu.default: (("self", "negative_slope"), {"negative_slope": 0.01}, False),
-    F.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
-    torch._C._nn.leaky_relu_: (("input", "negative_slope"), {"negative_slope": 0.01}, True),
-}
-_MUL_TARGETS = {operator.mul, torch.mul, torch.Tensor.mul, aten.mul.Tensor}
-_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-_POOL_SIGS: dict[Any, dict[str, Any]] = {
-    F.max_pool3d: {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False},
-    torch.max_pool3d: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},
-    aten.max_pool3d.default: {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False},  # torch.export
-}
-_ATEN_POOL_WITH_INDICES = aten.max_pool3d_with_indices.default
+@dataclasses.dataclass
+class _Conv:
+    """The conv_transpose3d producing the chain's input, joining fused.conv_transpose3d_post_pool."""
+    input: Node
+    weight: Node
+    bias: Node | None
+    stride: list[int]
+    padding: list[int]
+    output_padding: list[int]
+    groups: int
+    dilation: list[int]
+    triton_op: bool  # inference on the fused Triton path: call fused.conv_transpose3d_post_pool_infer
 
 
-def _bind(node: Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
-    """Arguments of a call by parameter name, or None when the call has arguments we do not know."""
-    if len(node.args) > len(names):
-        return None
-    bound = dict(defaults)
-    bound.update(zip(names, node.args))
-    for k, v in node.kwargs.items():
-        if k not in names:
-            return None
-        bound[k] = v
-    return bound if all(n in bound for n in names[:1]) else None
+@dataclasses.dataclass
+class Match:
+    """One chain the pass rewrites: ``pool(leaky(leaky(x, s1) * multiplier, s2))`` with missing steps filled in."""
+    x: Node                      # the chain's input (the convolution's output when `conv` is set)
+    multiplier: Node | None      # None: the chain has no multiply; the rewrite builds a unit multiplier
+    s1: Any                      # float or a node holding a (symbolic) float; 1.0 where the step is missing
+    s2: Any
+    pool: tuple                  # kernel_size, stride ([] = kernel_size), padding, dilation, ceil_mode
+    dead: list[Node]             # nodes to erase once the fused call replaces the anchor, users first
+    anchor: Node                 # the node whose uses move to the fused call
+    steps: tuple[str, ...]       # the absorbed steps in graph order, e.g. ("leaky", "mul", "leaky")
+    bias: Node | None = None     # a convolution bias folded into fused.post_pool_bias
+    conv: _Conv | None = None    # a conv_transpose3d joining the op
 
 
-def _val(x: Any) -> Any:
-    """The example value of a node (fake tensor or symbolic scalar), or the constant itself."""
-    if isinstance(x, Node):
-        return x.meta.get("val", x.meta.get("example_value"))
-    return x
-
-
-def _known(expr: Any) -> bool:
-    """True only when `expr` holds for every value the compiled graph can see (no new guards)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(expr))
-    except Exception:  # pragma: no cover - very old torch
-        return bool(expr) if isinstance(expr, bool) else False
-
-
-def _single_user(node: Node) -> bool:
-    return len(node.users) == 1
-
-
-def _leaky(node: Any) -> tuple[Node, Any, bool] | None:
-    """(input, slope, in_place) if `node` is a LeakyReLU call."""
-    if not isinstance(node, Node) or node.op != "call_function" or node.target not in _LEAKY_SIGS:
-        return None
-    names, defaults, inplace = _LEAKY_SIGS[node.target]
-    b = _bind(node, names, defaults)
-    if b is None:
-        return None
-    inp = b[names[0]]
-    slope = b["negative_slope"]
-    inplace = inplace or b.get("inplace", False) is True
-    if b.get("inplace", False) not in (True, False):
-        return None
-    return (inp, slope, inplace) if isinstance(inp, Node) else None
-
-
-def _mul_operands(node: Any) -> tuple[Any, Any] | None:
-    if not isinstance(node, Node):
-        return None
-    if node.op == "call_function" and node.target in _MUL_TARGETS and len(node.args) == 2 and not node.kwargs:
-        return node.args[0], node.args[1]
-    if node.op == "call_method" and node.target == "mul" and len(node.args) == 2 and not node.kwargs:
-        return node.args[0], node.args[1]
-    return None
-
-
-def _pool(node: Node) -> tuple[Node, dict[str, Any], list[Node]] | None:
-    """(pool input, pool parameters, nodes to erase) if `node` produces max_pool3d's values without indices."""
-    if node.op != "call_function":
-        return None
-    if node.target in _POOL_SIGS:
-        b = _bind(node, _POOL_PARAMS, _POOL_SIGS[node.target])
-        if b is None or b.get("return_indices", False) is not False:
-            return None
-        return b["input"], b, [node]
-    # ATen spelling: getitem(max_pool3d_with_indices(...), 0) with the indices unused.
-    if node.target is operator.getitem and node.args[1] == 0:
-        src = node.args[0]
-        if (isinstance(src, Node) and src.op == "call_function" and src.target is _ATEN_POOL_WITH_INDICES
-                and _single_user(src)):
-            b = _bind(src, _POOL_PARAMS[:6], {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False})
-            if b is None:
-                return None
-            return b["input"], b, [node, src]
-    return None
-
-
-def _int3(v: Any, *, empty_ok: bool = False) -> list[int] | None:
-    if v is None:
-        return [] if empty_ok else None
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return [v, v, v]
-    if isinstance(v, (list, tuple)) and all(isinstance(e, int) and not isinstance(e, bool) for e in v):
-        if len(v) == 0 and empty_ok:
-            return []
-        if len(v) == 1:
-            return [v[0]] * 3
-        if len(v) == 3:
-            return list(v)
-    return None
-
-
-def _slope(v: Any) -> Any:
-    """A slope we can pass on: a Python number, or a node holding a (symbolic) float."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, Node) and isinstance(_val(v), (float, torch.SymFloat)):
-        return v
-    return None
-
-
-def _multiplier_ok(x: Any, m: Any, out: Any) -> bool:
-    """m broadcasts against x varying at most along C, with x's dtype and device, and changes no shape."""
-    if not isinstance(x, torch.Tensor) or not isinstance(m, torch.Tensor) or not isinstance(out, torch.Tensor):
-        return False
-    if x.dim() != 5 or not x.dtype.is_floating_point or m.dtype != x.dtype or out.dtype != x.dtype:
-        return False
-    if m.device != x.device or m.dim() > 5:
-        return False
-    if _known(m.numel() == 1):
+def _visible(x: Node) -> bool:
+    """Whether a tensor mutated in place would be seen by someone else than the chain."""
+    v = _val(x)
+    if x.op == "placeholder" or len(x.users) != 1 or not isinstance(v, torch.Tensor) or v._is_view():
         return True
-    for i, size in enumerate(m.shape):
-        if _known(size == 1):
-            continue
-        if 5 - m.dim() + i != 1 or not _known(size == x.shape[1]):
-            return False
-    return True
+    leaky = _leaky(x)
+    return leaky is not None and leaky[2]  # the output of an in-place op aliases that op's input
 
 
-def _match(pool_node: Node) -> tuple[list, list[Node], Node] | None:
-    """Arguments for fused.post_pool, nodes to erase (users first), and the node whose uses move to it."""
+def _match(pool_node: Node, cfg: pass_config.PassConfig) -> Match | None:
+    """The chain ending in `pool_node`, or None where nothing is worth fusing or allowed."""
     p = _pool(pool_node)
     if p is None:
         return None
-    y3, pool_args, pool_nodes = p
-    leaky2 = _leaky(y3)
-    if leaky2 is None or not _single_user(y3):
-        return None
-    y2, s2, _ = leaky2
-    ops = _mul_operands(y2)
-    if ops is None or not _single_user(y2):
-        return None
-    for y1, m in (ops, ops[::-1]):
-        leaky1 = _leaky(y1)
-        if leaky1 is not None and _single_user(y1) and isinstance(m, Node) and m is not y1:
-            break
-    else:
-        return None
-    x, s1, inplace1 = leaky1
-    if inplace1 and (x.op == "placeholder" or len(x.users) != 1):
-        return None  # the in-place LeakyReLU mutates a tensor someone else can see
-    if not _multiplier_ok(_val(x), _val(m), _val(y3)):
-        return None
-    s1, s2 = _slope(s1), _slope(s2)
-    k = _int3(pool_args["kernel_size"])
-    st = _int3(pool_args["stride"], empty_ok=True)
-    pad = _int3(pool_args["padding"])
-    dil = _int3(pool_args["dilation"])
+    y, pool_args, pool_nodes = p
+    # Walk back from the pool over [leaky1] [mul] [leaky2], each step optional; an absorbed node must feed only
+    # the next step. steps: (node, kind, its chain input, slope or multiplier, in place), in graph order.
+    steps: list[tuple[Node, str, Node, Any, bool]] = []
+    leaky2 = _leaky(y) if _single_user(y) else None
+    if leaky2 is not None and _input_ok(_val(leaky2[0]), _val(y)):
+        steps.insert(0, (y, "leaky2", leaky2[0], leaky2[1], leaky2[2]))
+        y = leaky2[0]
+    mul = _mul_step(y) if _single_user(y) else None
+    if mul is not None:
+        steps.insert(0, (y, "mul", mul[0], mul[1], False))
+        y = mul[0]
+    leaky1 = _leaky(y) if steps and _single_user(y) else None
+    if leaky1 is not None and _input_ok(_val(leaky1[0]), _val(y)):
+        steps.insert(0, (y, "leaky1", leaky1[0], leaky1[1], leaky1[2]))
+    # An in-place first step stays in the graph when its input is visible elsewhere (the rest may still fuse).
+    while steps and steps[0][4] and _visible(steps[0][2]):
+        steps.pop(0)
+    kinds = tuple(s[1] for s in steps)
+    if not kinds or (not cfg.partial_chains and kinds != ("leaky1", "mul", "leaky2")):
+        return None  # a lone pool is left to Inductor
+    params = {kind: param for _, kind, _, param, _ in steps}
+    s1, s2 = _slope(params.get("leaky1", 1.0)), _slope(params.get("leaky2", 1.0))
+    k = _ints3(pool_args["kernel_size"])
+    st = _ints3(pool_args["stride"], empty_ok=True)
+    pad, dil = _ints3(pool_args["padding"]), _ints3(pool_args["dilation"])
     ceil = pool_args["ceil_mode"]
     if None in (s1, s2, k, st, pad, dil) or not isinstance(ceil, bool):
         return None
-    second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
-    conv = _fusable_conv_transpose(x, m, k, st, pad, dil, ceil)
-    if conv is not None:
-        return [*conv, m, s1, k, st, pad, dil, ceil, second], [*pool_nodes, y3, y2, y1, x], pool_nodes[0]
-    bias = _foldable_conv_bias(x)
-    if bias is not None:
-        return [x, bias, m, s1, k, st, pad, dil, ceil, second], [*pool_nodes, y3, y2, y1], pool_nodes[0]
-    args = [x, m, s1, k, st, pad, dil, ceil, second]
-    return args, [*pool_nodes, y3, y2, y1], pool_nodes[0]
+    x = steps[0][2]
+    match = Match(x=x, multiplier=params.get("mul"), s1=s1, s2=s2, pool=(k, st, pad, dil, ceil),
+                  dead=[*pool_nodes, *(s[0] for s in reversed(steps))], anchor=pool_nodes[0],
+                  steps=tuple(kind.rstrip("12") for kind in kinds))
+    match.conv = _fusable_conv_transpose(match, cfg)
+    if match.conv is not None:
+        match.dead.append(x)
+    else:
+        match.bias = _foldable_conv_bias(x, cfg)
+    return match
 
 
-def _fusable_conv_transpose(x: Node, m: Node, k, st, pad, dil, ceil) -> list | None:
-    """fused.conv_transpose3d_post_pool's convolution arguments, if the conv producing `x` can join the op."""
-    if FUSE_CONV_TRANSPOSE not in ("cuda", "always") or x.op != "call_function" or x.target is not torch.conv_transpose3d:
+def _fused_path_applies(xv, wv, conv: tuple, match: Match) -> bool:
+    try:
+        from . import _conv_post_pool_triton as tri
+    except ImportError:  # no Triton: no fused kernel
+        return False
+    k, st, pad, dil, ceil = match.pool
+    return tri.fused_path_applies(xv, wv, *conv, k, st if st else k, pad, dil, ceil)
+
+
+def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv | None:
+    """The conv_transpose3d producing the chain's input, if it joins the fused op (see PassConfig)."""
+    x = match.x
+    if cfg.fuse_conv_transpose == "off" or x.op != "call_function" or x.target is not torch.conv_transpose3d:
         return None
     if len(x.users) != 1:
         return None
-    names = _CONV_SIGS[x.target]
-    b = _bind(x, names, {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1})
+    b = _bind(x, _CONV_SIGS[x.target], {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
+                                        "dilation": 1})
     if b is None or not isinstance(b["input"], Node) or not isinstance(b["weight"], Node):
         return None
     if b["bias"] is not None and not isinstance(b["bias"], Node):
         return None
-    stride, padding, output_padding, dilation = (_int3(b[n]) for n in ("stride", "padding", "output_padding",
-                                                                       "dilation"))
+    stride, padding, output_padding, dilation = (_ints3(b[n]) for n in ("stride", "padding", "output_padding",
+                                                                        "dilation"))
     groups = b["groups"]
-    if None in (stride, padding, output_padding, dilation) or not isinstance(groups, int) or isinstance(groups, bool):
+    if None in (stride, padding, output_padding, dilation) or type(groups) is not int:
         return None
-    xv, wv = _val(b["input"]), _val(b["weight"])
+    xv, wv, conv_out = _val(b["input"]), _val(b["weight"]), _val(x)
     bv = _val(b["bias"]) if b["bias"] is not None else None
-    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor):
+    if not all(isinstance(t, torch.Tensor) for t in (xv, wv, conv_out)) or not cfg.fuses_conv_on(xv.device.type):
         return None
-    if b["bias"] is not None and not isinstance(bv, torch.Tensor):
+    if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != xv.dtype or t.device != xv.device)
+           for t in (wv, bv)):
         return None
-    if FUSE_CONV_TRANSPOSE == "cuda":
-        if xv.device.type != "cuda":
-            return None
-        # A graph that will be differentiated keeps the convolution separate (see above). Dynamo traced the
-        # convolution's example output under the caller's grad mode, so it requires grad exactly when autograd
-        # records it (the grad mode while this pass runs is not the caller's). Either route computes the same.
-        conv_out = _val(x)
-        if not isinstance(conv_out, torch.Tensor) or conv_out.requires_grad:
-            return None
-        from . import _conv_post_pool_triton as tri
-
-        if not tri.fused_path_applies(xv, wv, stride, padding, output_padding, groups, dilation, k,
-                                      st if st else k, pad, dil, ceil):
-            return None
-    if wv.dtype != xv.dtype or wv.device != xv.device or (bv is not None and (bv.dtype != xv.dtype or
-                                                                              bv.device != xv.device)):
+    # Dynamo traced the convolution's example output under the caller's grad mode, so it requires grad exactly
+    # when autograd records it (the grad mode while this pass runs is not the caller's).
+    training = conv_out.requires_grad
+    if training and not cfg.conv_in_training:
         return None
-    return [b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation]
+    applies = _fused_path_applies(xv, wv, (stride, padding, output_padding, groups, dilation), match)
+    if cfg.fuse_conv_transpose == "cuda" and not applies:
+        return None
+    numeric = all(isinstance(s, float) for s in (match.s1, match.s2))
+    triton_op = applies and not training and numeric and cfg.conv_inference_op == "triton_op"
+    return _Conv(b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation,
+                 triton_op)
 
 
-def _inductor_visible_conv(args: list) -> tuple[Any, list]:
-    """The "cuda" conv route (an inference graph on the fused path, as _fusable_conv_transpose checked) as a call
-    of fused.conv_transpose3d_post_pool_infer, the triton_op that Inductor traces into and launches itself
-    (see _conv_triton_op); the public op where the slopes are not plain numbers.
-
-    TF32 is decided here, from torch.backends.cudnn.allow_tf32 at compile time: a compiled graph keeps the choice
-    it was compiled with (the pass's uuid includes the flag, so cached graphs follow it).
-    """
-    (x, w, b, _stride, _padding, output_padding, _groups, _dilation, m, s1, _k, _st, _pad, _dil, _ceil,
-     s2) = args
-    s2 = s1 if s2 is None else s2
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (s1, s2)):
-        return _FUSED_CONV, args
-    from . import _conv_triton_op  # registers the op; imports Triton
-
-    return (torch.ops.fused.conv_transpose3d_post_pool_infer.default,
-            [x, w, b, m, float(s1), float(s2), list(output_padding), bool(torch.backends.cudnn.allow_tf32)])
-
-
-def _foldable_conv_bias(x: Node) -> Node | None:
-    """The bias node of the convolution producing `x`, if it may move into the fused op (see FOLD_CONV_BIAS)."""
-    if FOLD_CONV_BIAS not in ("cuda", "always") or x.op != "call_function" or x.target not in _CONV_SIGS:
+def _foldable_conv_bias(x: Node, cfg: pass_config.PassConfig) -> Node | None:
+    """The bias node of the convolution producing `x`, if it may move into the fused op (see PassConfig)."""
+    if cfg.fold_conv_bias == "off" or x.op != "call_function" or x.target not in _CONV_SIGS:
         return None
     if len(x.users) != 1:
         return None
@@ -316,12 +214,10 @@ def _foldable_conv_bias(x: Node) -> Node | None:
     if b is None or not isinstance(b["bias"], Node):
         return None
     xv, bv = _val(x), _val(b["bias"])
-    if not isinstance(xv, torch.Tensor) or not isinstance(bv, torch.Tensor):
-        return None
-    if FOLD_CONV_BIAS == "cuda" and xv.device.type != "cuda":
+    if not isinstance(xv, torch.Tensor) or not isinstance(bv, torch.Tensor) or not cfg.folds_bias_on(xv.device.type):
         return None
     if not torch._C._dispatch_has_kernel_for_dispatch_key("fused::post_pool_bias", xv.device.type.upper()):
-        return None  # e.g. CUDA before its post_pool_bias kernels are in (docs/patches/post_pool_bias_cuda.patch)
+        return None  # a build without that device's post_pool_bias kernels
     if bv.dtype != xv.dtype or bv.device != xv.device or bv.dim() != 1 or not _known(bv.shape[0] == xv.shape[1]):
         return None
     return b["bias"]
@@ -329,26 +225,66 @@ def _foldable_conv_bias(x: Node) -> Node | None:
 
 def _drop_conv_bias(conv: Node) -> None:
     """Rewrites the convolution producing the chain's input to run without its bias (now in the fused op)."""
-    names = _CONV_SIGS[conv.target]
+    assert _CONV_SIGS[conv.target][2] == "bias"
     if len(conv.args) > 2:
         args = list(conv.args)
         args[2] = None
         conv.args = tuple(args)
     else:
-        kwargs = dict(conv.kwargs)
-        kwargs["bias"] = None
-        conv.kwargs = kwargs
-    assert names[2] == "bias"
+        conv.kwargs = {**conv.kwargs, "bias": None}
+
+
+def _unit_multiplier(graph: Graph, like: Node) -> Node:
+    """A 0-d 1.0 of `like`'s dtype and device, built inside the graph (a constant: no input, no host sync, no
+    shape). ATen's full, so exported programs' graphs accept it as well as Dynamo's."""
+    v = _val(like)
+    one = graph.call_function(aten.full.default, ([], 1.0), {"dtype": v.dtype, "device": v.device})
+    mode = getattr(v, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            fake = torch.full([], 1.0, dtype=v.dtype, device=v.device)
+        for key in ("val", "example_value"):
+            if key in like.meta:
+                one.meta[key] = fake
+    return one
+
+
+def _emit(graph: Graph, match: Match) -> Node:
+    """The fused call replacing `match` (inserted before its anchor)."""
+    m = match.multiplier if match.multiplier is not None else _unit_multiplier(graph, match.x)
+    s1, s2 = match.s1, match.s2
+    second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
+    k, st, pad, dil, ceil = match.pool
+    c = match.conv
+    if c is not None and c.triton_op:
+        # TF32 is decided here, from torch.backends.cudnn.allow_tf32 at compile time: a compiled graph keeps the
+        # choice it was compiled with (the pass's uuid includes the flag, so cached graphs follow it).
+        from . import _conv_triton_op  # noqa: F401  (registers the op; imports Triton)
+
+        return graph.call_function(torch.ops.fused.conv_transpose3d_post_pool_infer.default, (
+            c.input, c.weight, c.bias, m, s1, s2, list(c.output_padding), bool(torch.backends.cudnn.allow_tf32)))
+    if c is not None:
+        return graph.call_function(_FUSED_CONV, (c.input, c.weight, c.bias, c.stride, c.padding, c.output_padding,
+                                                 c.groups, c.dilation, m, s1, k, st, pad, dil, ceil, second))
+    if match.bias is not None:
+        _drop_conv_bias(match.x)
+        return graph.call_function(_FUSED_BIAS, (match.x, match.bias, m, s1, k, st, pad, dil, ceil, second))
+    return graph.call_function(_FUSED, (match.x, m, s1, k, st, pad, dil, ceil, second))
 
 
 @functools.lru_cache(maxsize=None)
 def _source_digest() -> str:
-    """Hash of the package version and the source of this pass and of the fake/autograd code. Read once: uuid()
-    runs for every compilation's cache key (and, on torch 2.11, whenever the hook's value is pickled)."""
-    from . import __version__, _geometry, conv_ops, ops
+    """Hash of the source of this pass, its config and the fake/autograd code, and of the compiled library's
+    identity (name, size, mtime: a rebuild changes it). Read once: uuid() runs for every compilation's cache key
+    (and, on torch 2.11, whenever the hook's value is pickled). Nothing here imports the package's __init__."""
+    from . import _geometry, conv_ops, ops
 
-    h = hashlib.sha256(__version__.encode())
-    for mod in (sys.modules[__name__], ops, _geometry, conv_ops):
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for lib in sorted(glob.glob(os.path.join(here, "_C.*"))):
+        st = os.stat(lib)
+        h.update(f"{os.path.basename(lib)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    for mod in (sys.modules[__name__], _pass_nodes, pass_config, ops, _geometry, conv_ops):
         h.update(inspect.getsource(mod).encode())
     try:  # the Triton kernels and their launchers (the conv route's fake strides and code come from them)
         from . import (_conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton, _conv_post_pool_triton,
@@ -401,11 +337,10 @@ class PostPoolFusionPass(CustomGraphPass):
         self.previous = state["previous"]
 
     def uuid(self) -> Any:
-        # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers
-        # their source and the package version; a previous pass without a uuid makes the whole thing uncacheable.
-        h = hashlib.sha256(
-            f"{_source_digest()}|fold_conv_bias={FOLD_CONV_BIAS}|fuse_conv_transpose={FUSE_CONV_TRANSPOSE}"
-            f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}".encode())
+        # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers their
+        # source, the package version and the settings; a previous pass without a uuid makes it uncacheable.
+        h = hashlib.sha256(f"{_source_digest()}|config={pass_config.current().compute_hash()}"
+                           f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None
@@ -415,29 +350,29 @@ class PostPoolFusionPass(CustomGraphPass):
         return h.hexdigest()
 
 
-def rewrite(graph: Graph) -> int:
-    """Rewrites every match in `graph` in place; returns how many."""
+def rewrite(graph: Graph, config: pass_config.PassConfig | None = None) -> int:
+    """Rewrites every match in `graph` in place under `config` (default: pass_config.current()); returns how
+    many."""
+    cfg = pass_config.current() if config is None else config
     count = 0
     for node in list(graph.nodes):
         if node.graph is not graph or node.op != "call_function":
             continue  # erased by an earlier match
-        m = _match(node)
-        if m is None:
+        match = _match(node, cfg)
+        if match is None:
             continue
-        args, dead, anchor = m
-        with_bias = len(args) == 10
-        if with_bias:
-            _drop_conv_bias(args[0])
-        target = _FUSED_CONV if len(args) == 16 else _FUSED_BIAS if with_bias else _FUSED
-        if target is _FUSED_CONV and FUSE_CONV_TRANSPOSE == "cuda":
-            target, args = _inductor_visible_conv(args)
+        anchor = match.anchor
         with graph.inserting_before(anchor):
-            fused = graph.call_function(target, tuple(args))
+            fused = _emit(graph, match)
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
             if key in anchor.meta:
                 fused.meta[key] = anchor.meta[key]
         anchor.replace_all_uses_with(fused)
-        for n in dead:
+        for n in match.dead:
             graph.erase_node(n)
         count += 1
     return count
+
+
+# fusion_pass.FOLD_CONV_BIAS / FUSE_CONV_TRANSPOSE, the switches of earlier releases, read and write pass_config.
+sys.modules[__name__].__class__ = pass_config.LegacySwitchesModule
