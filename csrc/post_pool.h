@@ -88,6 +88,10 @@ ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at:
                               std::optional<double> negative_slope2,
                               const std::optional<at::Tensor>& bias = std::nullopt);
 
+// The slopes as eager leaky_relu accepts them: for a float32, bfloat16 or float16 input, a finite slope beyond
+// float's range raises RuntimeError (eager's words); float64 takes any slope. s2 may be absent (defaults to s1).
+void check_slopes(const char* op, at::ScalarType dtype, double s1, std::optional<double> s2);
+
 // The per-channel bias of the post_pool_bias ops: 1-D with C elements, the input's dtype and device.
 void check_bias(const char* op, const at::Tensor& bias, int64_t C, at::ScalarType dtype, at::Device device);
 
@@ -219,9 +223,13 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
   WindowMax<scalar_t, acc_t> r;
   r.value = -std::numeric_limits<acc_t>::infinity();
   r.input = scalar_t(0);
+  // The selection starts at the window's first in-range tap with the running max at -inf, as max_pool3d's index
+  // does: when every tap's value is -inf (finite inputs can overflow to it), nothing replaces it, and the saved
+  // input must be that tap's, or the backward would differentiate at a value no tap holds.
   if constexpr (KD > 0) {
     const scalar_t* p = plane + (od * KD) * sD + (oh * KH) * sH + (ow * KW) * sW;
     r.offset = 0;
+    r.input = p[0];
 #pragma unroll
     for (int jd = 0; jd < KD; ++jd) {
 #pragma unroll
@@ -240,8 +248,11 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
     }
   } else {
     const TapRange t = tap_range(g, od, oh, ow);
-    // max_pool3d reports the first in-range tap even when the window is all padding.
+    // max_pool3d reports the first in-range tap even when the window is all padding (then no input is saved).
     r.offset = static_cast<int32_t>(t.first_offset);
+    if (t.jd0 < t.jd1 && t.jh0 < t.jh1 && t.jw0 < t.jw1) {
+      r.input = plane[(t.d0 + t.jd0 * g.dd) * sD + (t.h0 + t.jh0 * g.dh) * sH + (t.w0 + t.jw0 * g.dw) * sW];
+    }
     for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
       const scalar_t* pd_ = plane + (t.d0 + jd * g.dd) * sD;
       for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
@@ -315,6 +326,19 @@ C10_HOST_DEVICE inline int64_t output_index(const PoolGeometry& g, int64_t n, in
   }
 }
 
+// The outputs o in [lo, hi] (empty when lo > hi) whose window covers input index x of one dim: those with
+// o*s - p <= x <= o*s - p + (k-1)*dil, within [0, O).
+struct OutputSpan {
+  int64_t lo, hi;
+};
+C10_HOST_DEVICE inline OutputSpan covering_outputs(int64_t x, int64_t p, int64_t k, int64_t s, int64_t dil,
+                                                   int64_t O) {
+  const int64_t a = x + p - (k - 1) * dil;  // o*s >= a
+  const int64_t lo = a > 0 ? (a + s - 1) / s : 0;
+  const int64_t hi = (x + p) / s;           // x + p >= 0
+  return {lo, hi < O - 1 ? hi : O - 1};
+}
+
 // Gradient reaching input element (n, c, d, h, w): sums grad_output over the outputs whose window selected it,
 // in increasing output order (the order eager max_pool3d_backward accumulates in), then applies the chain rule
 // once with the input value saved by the forward. KD/KH/KW > 0: exact tiling, one candidate window.
@@ -341,22 +365,24 @@ C10_HOST_DEVICE inline acc_t gather_grad(
       }
     }
   } else {
-    // Taps in decreasing order visit windows in increasing output order.
-    for (int64_t jd = g.kd - 1; jd >= 0; --jd) {
-      const int64_t nd = d + g.pd - jd * g.dd;
-      if (nd < 0 || nd % g.sd != 0) continue;
-      const int64_t od = nd / g.sd;
-      if (od >= g.OD) continue;
-      for (int64_t jh = g.kh - 1; jh >= 0; --jh) {
-        const int64_t nh = h + g.ph - jh * g.dh;
-        if (nh < 0 || nh % g.sh != 0) continue;
-        const int64_t oh = nh / g.sh;
-        if (oh >= g.OH) continue;
-        for (int64_t jw = g.kw - 1; jw >= 0; --jw) {
-          const int64_t nw = w + g.pw - jw * g.dw;
-          if (nw < 0 || nw % g.sw != 0) continue;
-          const int64_t ow = nw / g.sw;
-          if (ow >= g.OW) continue;
+    // The outputs whose window covers (d, h, w), per dim an interval of output indices, visited in increasing
+    // output order. The loops run over those intervals rather than over the window's taps, so the work per
+    // element is bounded by the outputs, not by the kernel size (a kernel of 2**30 taps per dim is legal).
+    const OutputSpan sd_ = covering_outputs(d, g.pd, g.kd, g.sd, g.dd, g.OD);
+    const OutputSpan sh_ = covering_outputs(h, g.ph, g.kh, g.sh, g.dh, g.OH);
+    const OutputSpan sw_ = covering_outputs(w, g.pw, g.kw, g.sw, g.dw, g.OW);
+    for (int64_t od = sd_.lo; od <= sd_.hi; ++od) {
+      const int64_t rd = d + g.pd - od * g.sd;
+      if (rd % g.dd != 0) continue;
+      const int64_t jd = rd / g.dd;
+      for (int64_t oh = sh_.lo; oh <= sh_.hi; ++oh) {
+        const int64_t rh = h + g.ph - oh * g.sh;
+        if (rh % g.dh != 0) continue;
+        const int64_t jh = rh / g.dh;
+        for (int64_t ow = sw_.lo; ow <= sw_.hi; ++ow) {
+          const int64_t rw = w + g.pw - ow * g.sw;
+          if (rw % g.dw != 0) continue;
+          const int64_t jw = rw / g.dw;
           const int64_t o = output_index<CL>(g, n, c, od, oh, ow);
           if (static_cast<int64_t>(offsets[o]) == (jd * g.kh + jh) * g.kw + jw) {
             sum += static_cast<acc_t>(grad_out[o]);

@@ -283,14 +283,23 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
         if constexpr (std::is_same_v<off_t, uint8_t>) off8 = p.off + o; else off32 = p.off + o;
       }
       const off_t first = static_cast<off_t>(t.first_offset);
+      const scalar_t* xn = p.x + n * st.n;
+      // As scan_window: the selection starts at the first in-range tap with the max at -inf, so a window whose
+      // every value is -inf keeps that tap's input (none for a window that is all padding).
+      const bool has_tap = t.jd0 < t.jd1 && t.jh0 < t.jh1 && t.jw0 < t.jw1;
+      const acc_t* x_first =
+          sel != nullptr && has_tap
+              ? stage.in_transient(xn + (t.d0 + t.jd0 * g.dd) * st.d + (t.h0 + t.jh0 * g.dh) * st.h +
+                                       (t.w0 + t.jw0 * g.dw) * st.w,
+                                   g.C)
+              : nullptr;
       for (int64_t c = 0; c < g.C; ++c) {
         out[c] = -std::numeric_limits<acc_t>::infinity();
         if (sel != nullptr) {
-          sel[c] = acc_t(0);
+          sel[c] = x_first != nullptr ? x_first[c] : acc_t(0);
           p.off[o + c] = first;
         }
       }
-      const scalar_t* xn = p.x + n * st.n;
       for (int64_t jd = t.jd0; jd < t.jd1; ++jd) {
         for (int64_t jh = t.jh0; jh < t.jh1; ++jh) {
           for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
@@ -504,6 +513,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
                                                        kernel_size, stride, padding, dilation, channels_last);
   if (bias != nullptr) check_bias(op, *bias, g.C, grad_output.scalar_type(), grad_output.device());
+  check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
   at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));

@@ -28,8 +28,9 @@ template <typename T, bool SAVE>
 inline void row_body(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2, const T* __restrict r3,
                      int64_t OW, T m, T s1, T s2, T* __restrict out, T* __restrict sel, uint8_t* __restrict off) {
   for (int64_t ow = 0; ow < OW; ++ow) {
+    // As scan_window: the selection starts at tap 0 with the max at -inf (an all -inf window keeps tap 0).
     T best = -std::numeric_limits<T>::infinity();
-    T bx = T(0);
+    T bx = r0[2 * ow];
     int32_t bo = 0;
 #define FUSED_STEP(ROW, JW, TAP)                         \
   {                                                      \
@@ -86,7 +87,7 @@ inline void channels_row_body(const T* __restrict x, int64_t sh, int64_t sd, int
     uint8_t* ov = SAVE ? off + ow * C : nullptr;
     for (int64_t c = 0; c < C; ++c) {
       T best = -std::numeric_limits<T>::infinity();
-      T bx = T(0);
+      T bx = p[c];  // tap 0 until a tap beats -inf, as scan_window
       int32_t bo = 0;
       const T mc = m[c];
 #define FUSED_TAP(OFFSET, TAP)                          \

@@ -7,7 +7,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <limits>
 #include <sstream>
+#include <utility>
 
 namespace fused {
 namespace {
@@ -39,6 +42,17 @@ int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p,
 
 void check_pool_params(const char* op, const std::array<int64_t, 3>& k, const std::array<int64_t, 3>& s,
                        const std::array<int64_t, 3>& p, const std::array<int64_t, 3>& d) {
+  // max_pool3d converts each pool parameter to int before any other check and raises (RuntimeError) on
+  // overflow; so do we, with its words.
+  const std::pair<const char*, const std::array<int64_t, 3>*> params[] = {
+      {"kernel_size", &k}, {"stride", &s}, {"padding", &p}, {"dilation", &d}};
+  for (const auto& [name, v] : params) {
+    for (int i = 0; i < 3; ++i) {
+      TORCH_CHECK((*v)[i] >= std::numeric_limits<int32_t>::min() && (*v)[i] <= std::numeric_limits<int32_t>::max(),
+                  op, ": ", name, " ", (*v)[0], "x", (*v)[1], "x", (*v)[2],
+                  ": value cannot be converted to type int without overflow");
+    }
+  }
   for (int i = 0; i < 3; ++i) {
     TORCH_CHECK_VALUE(k[i] > 0, op, ": kernel_size must be positive, got ", k[0], "x", k[1], "x", k[2]);
     TORCH_CHECK_VALUE(s[i] > 0, op, ": stride must be positive, got ", s[0], "x", s[1], "x", s[2]);
@@ -47,6 +61,11 @@ void check_pool_params(const char* op, const std::array<int64_t, 3>& k, const st
     TORCH_CHECK_VALUE(p[i] <= k[i] / 2, op, ": padding must be at most half of kernel_size, got padding ", p[0], "x",
                       p[1], "x", p[2], " for kernel_size ", k[0], "x", k[1], "x", k[2]);
   }
+  // Window offsets are int32 (uint8 up to 256 taps). max_pool3d has no such limit (its indices address the input),
+  // so this is the one pool max_pool3d accepts and we do not.
+  TORCH_CHECK_VALUE(k[0] * k[1] <= std::numeric_limits<int32_t>::max() / k[2], op, ": kernel_size ", k[0], "x", k[1],
+                    "x", k[2], " has more than 2**31 - 1 taps per window, which the window offsets (int32) cannot "
+                    "address");
 }
 
 }  // namespace
@@ -180,6 +199,19 @@ PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const 
   return g;
 }
 
+void check_slopes(const char* op, at::ScalarType dtype, double s1, std::optional<double> s2) {
+  if (dtype == at::kDouble) return;  // computed in double: every double slope is representable
+  // Eager leaky_relu converts its slope to float (the op-math type of float32, bfloat16 and float16 inputs) and
+  // raises on a finite value outside float's range; infinities and NaN convert.
+  constexpr double kMax = std::numeric_limits<float>::max();
+  const std::pair<const char*, std::optional<double>> slopes[] = {{"negative_slope", s1},
+                                                                  {"negative_slope2", s2}};
+  for (const auto& [name, v] : slopes) {
+    TORCH_CHECK(!v.has_value() || !std::isfinite(*v) || std::abs(*v) <= kMax, op, ": ", name, " ", *v, " for a ", dtype,
+                " input: value cannot be converted to type float without overflow");
+  }
+}
+
 void check_bias(const char* op, const at::Tensor& bias, int64_t C, at::ScalarType dtype, at::Device device) {
   TORCH_CHECK_TYPE(bias.scalar_type() == dtype, op, ": bias dtype must equal input dtype, got bias ",
                    bias.scalar_type(), " and input ", dtype);
@@ -202,6 +234,7 @@ ForwardInputs prepare_forward(const char* op, const at::Tensor& input, const at:
   f.format = f.g.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
   // Contiguous and channels_last_3d inputs are used in place; anything else is copied into the output's format.
   f.input = input.contiguous(f.format);
+  check_slopes(op, input.scalar_type(), negative_slope, negative_slope2);
   f.multiplier = flat_multiplier(multiplier);
   f.s1 = negative_slope;
   f.s2 = negative_slope2.has_value() ? *negative_slope2 : negative_slope;

@@ -386,7 +386,14 @@ def test_monotone_form(monkeypatch, dtype, breaker):
 
 
 @pytest.mark.parametrize("s1,s2,offsets,want", [(0.2, 0.2, False, True), (0.0, 0.2, False, False),
-                                                 (0.2, -0.1, False, False), (0.2, 0.2, True, False)])
+                                                 (0.2, -0.1, False, False), (0.2, 0.2, True, False),
+                                                 # decided on the float32 slopes the kernels compute with: 1e-50
+                                                 # and 1e-46 are 0 there, 1e-45 the smallest subnormal; an
+                                                 # infinite slope makes 0 * inf = NaN
+                                                 (1e-50, 0.2, False, False), (0.2, 1e-46, False, False),
+                                                 (1e-45, 0.2, False, True), (math.inf, 0.2, False, False),
+                                                 (0.2, math.inf, False, False), (3.4028234663852886e38, 0.2, False,
+                                                                                 True)])
 def test_monotone_form_only_where_exact(s1, s2, offsets, want):
     record, seen = launch_recorder()
     x, w, b, m = make_case(1, 4, 5, (2, 3, 2))
@@ -473,3 +480,94 @@ def test_bad_arguments_raise():
         run(x, w, b, m, 0.2, 0.2, 2)
     with pytest.raises(ValueError, match="multiplier"):
         run(x, w, b, m[:5], 0.2, 0.2, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Edge values: windows whose every value is -inf, underflowing slopes, slopes beyond float32
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["overflow", "inf"])
+def test_minus_inf_windows_select_phase_zero(dtype, kind):
+    # Positive weights and inputs make every conv output large (1e30) or +inf; a multiplier of -1e10 (-1) turns
+    # every phase's epilogue into -inf in float32. max_pool3d then keeps the window's first element: offset 0 and
+    # the selected conv output is phase 0's (not 0, which would send the backward to the wrong point).
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(2, 4, 3, 3, 3, generator=gen) + 0.5
+    x[0, :, 1] = math.inf if kind == "inf" else 1e30
+    x[1] = math.inf if kind == "inf" else 1e30
+    w = torch.rand(4, 6, 3, 3, 3, generator=gen) + 0.1
+    b = torch.rand(6, generator=gen)
+    m = torch.tensor([-1e10 if kind == "overflow" else -1.0, 0.5] * 3)
+    x, w, b, m = (t.to(dtype).to(DEVICE) for t in (x, w, b, m))
+    op = (1, 1, 1)
+    out, selected, offsets = run(x, w, b, m, 0.2, 0.2, op, with_offsets=True)
+    y64 = F.conv_transpose3d(x.double().cpu(), w.double().cpu(), b.double().cpu(), stride=2, padding=1,
+                             output_padding=op)
+    # The epilogue as the kernel computes it: float32 on the conv output rounded to the I/O dtype.
+    y = y64.to(dtype).float()
+    e = F.leaky_relu(F.leaky_relu(y, 0.2) * m.cpu().float().view(1, -1, 1, 1, 1), 0.2)
+    ew = windows(e, out.shape[2:])
+    all_minus_inf = (ew == -math.inf).all(-1)
+    assert all_minus_inf.sum() >= 8, "the case must hold windows whose every value is -inf"
+    off = offsets.cpu().long()
+    assert torch.equal(off[all_minus_inf], torch.zeros_like(off[all_minus_inf]))
+    assert (out.cpu()[all_minus_inf] == -math.inf).all()
+    y0 = windows(y64, out.shape[2:])[..., 0]
+    sel_tol = tolerances(dtype) if dtype == torch.float32 else dict(rtol=torch.finfo(dtype).eps, atol=1e-4)
+    torch.testing.assert_close(selected.cpu().double()[all_minus_inf], y0[all_minus_inf], **sel_tol)
+    # Every output against max_pool3d of that float32 epilogue (float64 would not overflow to -inf).
+    torch.testing.assert_close(out.cpu().float(), F.max_pool3d(e, 2).to(dtype).float(), **tolerances(dtype))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("slopes", [(1e-50, 0.2), (0.2, 1e-50), (1e-46, 1e-46), (math.inf, 0.2), (1e-45, 0.3)],
+                         ids=str)
+@pytest.mark.parametrize("dtype,tf32", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
+                         ids=["tf32", "fp32", "bf16"])
+def test_inference_kernels_decide_monotone_form_on_float32_slopes(dtype, tf32, slopes):
+    # A slope that underflows to 0 in float32 (1e-50) is > 0 as a double; -inf * 0 is NaN in eager float32, which
+    # a monotone shortcut would skip. Every inference kernel (the op's routes and the phase-exact kernel's
+    # monotone form) must give eager float32's NaNs. Positive weights carry a -inf input to -inf conv outputs.
+    from torch_fused_ops import _conv_triton_op
+
+    s1, s2 = slopes
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 3, 4, 3, generator=gen)
+    x[0, 1, 1, 2, 1] = -math.inf
+    x[1, 2, 0, 0, 0] = -math.inf
+    x[1, :, 1:3, 2:4, 1:3] = 0.0  # exact zero conv outputs around pooled (1, 2, 1): 0 * inf = NaN there
+    w = torch.rand(4, 6, 3, 3, 3, generator=gen) * 0.3 + 0.05
+    m = torch.tensor([1.5, -0.5, 0.75, -2.0, 1.0, 0.25])
+    x, w, m = (t.to(dtype).to(DEVICE) for t in (x, w, m))
+    op = [1, 1, 1]
+    y = F.conv_transpose3d(x.double().cpu(), w.double().cpu(), None, stride=2, padding=1, output_padding=op)
+    y = y.to(dtype).float()  # what the epilogue sees
+    ref = F.max_pool3d(F.leaky_relu(F.leaky_relu(y, s1) * m.cpu().float().view(1, -1, 1, 1, 1), s2), 2)
+    assert ref.isnan().any() == (_f32(s1) == 0 or _f32(s2) == 0 or math.isinf(s1))
+    outs = {"op": _conv_triton_op.launch(x, w, None, m, s1, s2, op, tf32),
+            "exact-mono": cpt.conv_transpose3d_post_pool_triton(x, w, None, m, s1, s2, op, tf32, False, mono=True)}
+    tol = dict(rtol=2e-3, atol=1e-3) if tf32 else tolerances(dtype)
+    for name, out in outs.items():
+        assert torch.equal(out.cpu().isnan(), ref.isnan()), f"{name}: NaN positions differ from eager float32"
+        torch.testing.assert_close(out.cpu().float(), ref.to(dtype).float(), equal_nan=True, **tol)
+
+
+def _f32(v):
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+@pytest.mark.parametrize("slope", [1e39, -3.5e38], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_slopes_beyond_float_raise(dtype, slope):
+    # As eager leaky_relu: a finite slope beyond float's range raises RuntimeError for these dtypes.
+    from torch_fused_ops import _conv_triton_op
+
+    x, w, b, m = make_case(1, 4, 5, (2, 3, 2), dtype=dtype)
+    with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+        F.leaky_relu(x, slope)
+    for s1, s2 in ((slope, 0.2), (0.2, slope)):
+        with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+            run(x, w, b, m, s1, s2, (1, 1, 1), with_offsets=True)
+        with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+            _conv_triton_op.launch(x, w, b, m, s1, s2, [1, 1, 1], False)

@@ -29,7 +29,9 @@ Self-contained (torch + triton only); under TRITON_INTERPRET=1 (set before impor
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import struct
 
 import torch
 import triton
@@ -179,11 +181,22 @@ def _positions(pid_m, BM: tl.constexpr, n_pos, Dp, Hp, Wp, Wv, sxn, sxd, sxh, sx
     return (rows < n_pos) & (qw < Wv), n, qd, qh, qw, x_base
 
 
+def _as_float32(v: float) -> float:
+    # The value the kernels compute with: they take the slopes as float32 (Triton's launcher passes Python floats
+    # as fp32; under Inductor they arrive as fp64 and the kernels cast them). Out of float's range: +-inf.
+    try:
+        return struct.unpack("f", struct.pack("f", float(v)))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
 def monotone_form(s1, s2, with_offsets=False) -> bool:
     """Whether a launch may take the monotone form (pool the extreme conv output, the epilogue once): both slopes
-    > 0 (a zero slope turns -inf into NaN per phase) and no selection outputs wanted. The kernels still check
-    each channel block's multiplier and bias."""
-    return bool(s1 > 0 and s2 > 0 and not with_offsets)
+    > 0 and finite as the float32 values the kernels compute with (a zero slope turns -inf into NaN per phase, an
+    infinite one turns 0 into NaN, and 1e-50 is 0 in float32), and no selection outputs wanted. The kernels still
+    check each channel block's multiplier and bias."""
+    f1, f2 = _as_float32(s1), _as_float32(s2)
+    return bool(0 < f1 < math.inf and 0 < f2 < math.inf and not with_offsets)
 
 
 def pooled_rows(N, D, H, W, output_padding):

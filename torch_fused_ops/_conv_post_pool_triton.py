@@ -366,6 +366,7 @@ def conv_transpose3d_post_pool_triton(x: torch.Tensor, weight: torch.Tensor, bia
     kernel alone).
     """
     check_kernel_args(x, weight, bias, multiplier_1d, output_padding)
+    _geometry.check_slopes("conv_transpose3d_post_pool", x.dtype, negative_slope, negative_slope2)
     N, Cin, D, H, W = x.shape
     Cout = weight.shape[1]
     mult = multiplier_1d.reshape(Cout)

@@ -69,6 +69,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, mult: Tensor, s1: flo
     contiguous [Cout] tensor. ``kernel_wrapper`` (``wrap_triton`` under tracing) wraps each kernel before launch."""
     wrap = kernel_wrapper or (lambda k: k)
     exact.check_kernel_args(x, weight, bias, mult, output_padding)
+    _geometry.check_slopes(_OP, x.dtype, s1, s2)
     tf32 = x.dtype == torch.float32 and allow_tf32
     N, Cin, D, H, W = x.shape
     Cout = weight.shape[1]

@@ -5,6 +5,7 @@ torch.export raises the same exception types with the same wording as eager call
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,11 @@ def pool_params(op: str, kernel_size: IntOr3, stride: IntOr3, padding: IntOr3, d
     s = expand3(f"{op}: stride", stride, allow_empty_as=k)
     p = expand3(f"{op}: padding", padding)
     d = expand3(f"{op}: dilation", dilation)
+    # max_pool3d converts each pool parameter to int before any other check and raises RuntimeError on overflow.
+    for name, v in (("kernel_size", k), ("stride", s), ("padding", p), ("dilation", d)):
+        if any(not _INT32_MIN <= x <= _INT32_MAX for x in v):
+            raise RuntimeError(f"{op}: {name} {'x'.join(map(str, v))}: value cannot be converted to type int without "
+                               "overflow")
     for i in range(3):
         kx = "x".join(map(str, k)) if (k[i] <= 0 or p[i] > k[i] // 2) else ""  # built only for an error message
         if k[i] <= 0:
@@ -47,7 +53,25 @@ def pool_params(op: str, kernel_size: IntOr3, stride: IntOr3, padding: IntOr3, d
                 f"{op}: padding must be at most half of kernel_size, got padding {'x'.join(map(str, p))} "
                 f"for kernel_size {kx}"
             )
+    if k[0] * k[1] * k[2] > _INT32_MAX:
+        raise ValueError(f"{op}: kernel_size {'x'.join(map(str, k))} has more than 2**31 - 1 taps per window, which "
+                         "the window offsets (int32) cannot address")
     return k, s, p, d
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_FLOAT_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
+
+def check_slopes(op: str, dtype: torch.dtype, negative_slope: float, negative_slope2: float | None = None) -> None:
+    """Slopes as eager leaky_relu accepts them (mirrors check_slopes in csrc/post_pool_host.cpp): for a float32,
+    bfloat16 or float16 input a finite slope beyond float's range raises RuntimeError; float64 takes any."""
+    if dtype == torch.float64:
+        return
+    for name, v in (("negative_slope", negative_slope), ("negative_slope2", negative_slope2)):
+        if v is not None and math.isfinite(v) and abs(v) > _FLOAT_MAX:
+            raise RuntimeError(f"{op}: {name} {v} for a {dtype} input: value cannot be converted to type float "
+                               "without overflow")
 
 
 def check_tensors(op: str, sizes: Sequence, dtype: torch.dtype, device: torch.device, multiplier: torch.Tensor):

@@ -89,6 +89,7 @@ def _post_pool_fake(input, multiplier, negative_slope, kernel_size, stride=(), p
                     ceil_mode=False, negative_slope2=None):
     shape, fmt = _geometry.output_shape("fused::post_pool", input, multiplier, kernel_size, stride, padding,
                                         dilation, ceil_mode)
+    _geometry.check_slopes("fused::post_pool", input.dtype, negative_slope, negative_slope2)
     return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
 
 
@@ -97,6 +98,7 @@ def _post_pool_with_offsets_fake(input, multiplier, negative_slope, kernel_size,
                                  ceil_mode=False, negative_slope2=None):
     shape, fmt = _geometry.output_shape("fused::post_pool_with_offsets", input, multiplier, kernel_size, stride,
                                         padding, dilation, ceil_mode)
+    _geometry.check_slopes("fused::post_pool_with_offsets", input.dtype, negative_slope, negative_slope2)
     out = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
     selected = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
     offsets = torch.empty(shape, dtype=_geometry.offset_dtype(kernel_size), device=input.device, memory_format=fmt)
@@ -109,6 +111,7 @@ def _post_pool_backward_fake(grad_output, selected, offsets, multiplier, negativ
     op = "fused::post_pool_backward"
     _geometry.check_tensors(op, input_size, grad_output.dtype, grad_output.device, multiplier)
     _geometry.pool_params(op, kernel_size, stride, padding, dilation)
+    _geometry.check_slopes(op, grad_output.dtype, negative_slope, negative_slope2)
     torch._check_value(
         grad_output.dim() == 5 and selected.shape == grad_output.shape and offsets.shape == grad_output.shape,
         lambda: f"{op}: grad_output, selected and offsets must be 5-D with equal shapes",
@@ -124,6 +127,7 @@ def _post_pool_bias_fake(input, bias, multiplier, negative_slope, kernel_size, s
                          ceil_mode=False, negative_slope2=None):
     shape, fmt = _geometry.output_shape("fused::post_pool_bias", input, multiplier, kernel_size, stride, padding,
                                         dilation, ceil_mode)
+    _geometry.check_slopes("fused::post_pool_bias", input.dtype, negative_slope, negative_slope2)
     _geometry.check_bias("fused::post_pool_bias", bias, input.shape[1], input.dtype, input.device)
     return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
 

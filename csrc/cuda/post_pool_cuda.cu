@@ -223,9 +223,11 @@ struct Best {
   acc_t value;
   scalar_t input;
   uint8_t tap;
-  __device__ void init() {
+  // As scan_window: the selection starts at tap 0 (input x0) with the max at -inf, so a window whose every value
+  // is -inf keeps tap 0 and its input.
+  __device__ void init(scalar_t x0) {
     value = -std::numeric_limits<acc_t>::infinity();
-    input = scalar_t(0);
+    input = x0;
     tap = 0;
   }
   __device__ void take(scalar_t x, acc_t m, acc_t s1, acc_t s2, acc_t b, bool has_bias, uint8_t t) {
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       Best<scalar_t, acc_t> best;
-      best.init();
+      best.init(r[0].v[2 * j]);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         best.take(r[q].v[2 * j], m, s1, s2, b, has_bias, static_cast<uint8_t>(2 * q));
@@ -358,7 +360,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     }
     Best<scalar_t, acc_t> best[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) best[j].init();
+    for (int j = 0; j < VEC; ++j) best[j].init(r[0].v[j]);
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
 #pragma unroll
@@ -405,7 +407,9 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
     const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
     const bool small = g.input_numel() < (int64_t(1) << 31);
     // Slopes > 0 and finite make the epilogue monotone (see monotone_multiplier); the kernels check m per channel.
-    const bool monotone = f.s1 > 0 && f.s2 > 0 && std::isfinite(f.s1) && std::isfinite(f.s2);
+    // Decided on the slopes the kernels compute with (acc_t): a double slope of 1e-50 is 0 in float.
+    const bool monotone = s1 > acc_t(0) && s2 > acc_t(0) && std::isfinite(static_cast<double>(s1)) &&
+                          std::isfinite(static_cast<double>(s2));
     if (!g.channels_last) {
       constexpr int VEC = vec_outputs<scalar_t>();
       if (g.OW % VEC != 0) return false;
@@ -1207,6 +1211,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
                                                        kernel_size, stride, padding, dilation, channels_last);
   if (bias != nullptr) check_bias(op, *bias, g.C, grad_output.scalar_type(), grad_output.device());
+  check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
   TORCH_CHECK_VALUE(grad_output.is_cuda(), op, ": CUDA kernel called with grad_output on device ",
                     grad_output.device());
   const c10::cuda::OptionalCUDAGuard guard(grad_output.device());
