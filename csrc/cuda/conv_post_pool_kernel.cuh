@@ -27,20 +27,25 @@
 namespace fused {
 namespace conv_pool {
 
-// acc += the phase's products over the staged chunk.
-template <Mode M, int MT>
+// acc += the phase's products over the staged chunk. Everything but the thread's base addresses is a
+// compile-time constant once the phase loop is unrolled, so every shared-memory load has an immediate offset.
+template <Mode M, int MT, int KS>
 __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const uint32_t* __restrict__ sA,
                                               const uint32_t* __restrict__ sB, const int (&a_base)[MT], int ph,
-                                              int ksteps, int lane) {
+                                              int lane) {
   using TS = TileShape<MT>;
   const int ed = ph >> 2, eh = (ph >> 1) & 1, ew = ph & 1;
+#pragma unroll
   for (int td = 0; td <= ed; ++td) {
+#pragma unroll
     for (int th = 0; th <= eh; ++th) {
+#pragma unroll
       for (int tw = 0; tw <= ew; ++tw) {
         const int tap = phase_tap(ed, eh, ew, td, th, tw);
         const int a_off = (td * TS::kHH + th) * TS::kHW + tw;
-        const uint32_t* b_ptr = sB + tap * ksteps * 256 + lane * 4;
-        for (int ks = 0; ks < ksteps; ++ks) {
+        const uint32_t* b_ptr = sB + tap * KS * 256 + lane * 4;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
           uint32_t a[MT][4];
 #pragma unroll
           for (int i = 0; i < MT; ++i) {
@@ -54,24 +59,24 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
           const uint4 b23 = *reinterpret_cast<const uint4*>(b_ptr + ks * 256 + 128);
           const uint32_t b[kNT][2] = {{b01.x, b01.y}, {b01.z, b01.w}, {b23.x, b23.y}, {b23.z, b23.w}};
           if constexpr (M == Mode::kStrict) {
-            uint32_t ah[MT][4], al[MT][4], bh[kNT][2], bl[kNT][2];
+            uint32_t ah[MT][4], al[MT][4], ac[MT][4], bh[kNT][2], bl[kNT][2], bc[kNT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
 #pragma unroll
-              for (int r = 0; r < 4; ++r) tf32_split(a[i][r], ah[i][r], al[i][r]);
+              for (int r = 0; r < 4; ++r) tf32_split(a[i][r], ah[i][r], al[i][r], ac[i][r]);
             }
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
-              tf32_split(b[nt][0], bh[nt][0], bl[nt][0]);
-              tf32_split(b[nt][1], bh[nt][1], bl[nt][1]);
+              tf32_split(b[nt][0], bh[nt][0], bl[nt][0], bc[nt][0]);
+              tf32_split(b[nt][1], bh[nt][1], bl[nt][1], bc[nt][1]);
             }
             // Small products first; lo x lo (~2^-22 relative) is dropped.
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
 #pragma unroll
               for (int nt = 0; nt < kNT; ++nt) {
-                mma<M>(acc[i][nt], al[i], bh[nt][0], bh[nt][1]);
-                mma<M>(acc[i][nt], ah[i], bl[nt][0], bl[nt][1]);
+                mma<M>(acc[i][nt], al[i], bc[nt][0], bc[nt][1]);
+                mma<M>(acc[i][nt], ac[i], bl[nt][0], bl[nt][1]);
                 mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
               }
             }
@@ -88,24 +93,25 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
   }
 }
 
-template <Mode M, int MT, bool TRAIN>
-__global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_kernel(const Params p) {
+// KS: k-steps (8 k-words) per staged chunk.
+template <Mode M, int MT, bool TRAIN, int KS>
+__global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const Params p) {
   using io_t = typename ModeTraits<M>::io_t;
   constexpr bool kHalf = ModeTraits<M>::kHalf;
   using TS = TileShape<MT>;
+  constexpr int kChunkWords = 8 * KS;
   extern __shared__ __align__(16) uint32_t smem[];
   uint32_t* sB = smem;
-  uint32_t* sA = smem + 27 * p.chunk_words * kBlockN;
+  uint32_t* sA = smem + 27 * kChunkWords * kBlockN;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int co0 = blockIdx.y * kBlockN;
-  const int ksteps = p.chunk_words >> 3;
   const bool has_bias = p.bias != nullptr;
 
   // The block's channel parameters in shared memory (read per phase by the exact form, which keeps them out of
   // the registers the accumulators need); the monotone form needs only this thread's signs, as a bit mask.
-  float* sMult = reinterpret_cast<float*>(sA + TS::kPitch * p.chunk_words);
+  float* sMult = reinterpret_cast<float*>(sA + TS::kPitch * kChunkWords);
   float* sBias = sMult + kBlockN;
   bool breaks_monotone = false;
   if (tid < kBlockN) {
@@ -121,18 +127,13 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
   const bool any_breaks = __syncthreads_or(breaks_monotone);
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
   const bool exact = TRAIN || !(p.s1 > 0.f && p.s2 > 0.f) || any_breaks;
-  uint32_t negative = 0u;  // bit nt * 2 + cc: this thread's channel nt * 8 + 2t + cc has a negative multiplier
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int cc = 0; cc < 2; ++cc) negative |= (sMult[nt * 8 + 2 * t + cc] < 0.f ? 1u : 0u) << (nt * 2 + cc);
 
   // The weight, staged once when one chunk holds all of Cin (else per chunk below; this pass only looks for
   // non-finite weights).
   bool w_nonfinite = false;
   for (int c = 0; c < p.nchunks; ++c) {
     if (c > 0) __syncthreads();
-    w_nonfinite |= stage_weights<M>(p, sB, co0, c);
+    w_nonfinite |= stage_weights<M>(p, sB, co0, c, KS, sMult, !exact);
   }
   const bool fix_edges = __syncthreads_or(w_nonfinite);
 
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
 
     if (p.nchunks == 1) {
       __syncthreads();  // the previous tile's reads of sA are done
-      stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0);
+      stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
       __syncthreads();
     }
 
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
     (void)sel;
     (void)offs;
 
+#pragma unroll
     for (int ph = 0; ph < 8; ++ph) {
       float acc[MT][kNT][4];
 #pragma unroll
@@ -179,11 +181,11 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
       for (int c = 0; c < p.nchunks; ++c) {
         if (p.nchunks > 1) {
           __syncthreads();
-          stage_weights<M>(p, sB, co0, c);
-          stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, c);
+          stage_weights<M>(p, sB, co0, c, KS, sMult, !exact);
+          stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, c, kChunkWords);
           __syncthreads();
         }
-        phase_product<M, MT>(acc, sA, sB, a_base, ph, ksteps, lane);
+        phase_product<M, MT, KS>(acc, sA, sB, a_base, ph, lane);
       }
 
       if (exact) {
@@ -212,17 +214,15 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
           }
         }
       } else {
-        // The extreme conv value: the largest for a positive multiplier, the smallest for a negative one.
+        // The extreme conv value: the largest for a positive multiplier, the smallest (the weights were staged
+        // negated, so again the largest) for a negative one.
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float a = acc[i][nt][j];
-              const float v = (negative >> (nt * 2 + (j & 1))) & 1u ? -a : a;
-              best[i][nt][j] = ph == 0 ? v : max_nan(best[i][nt][j], v);
-            }
+            for (int j = 0; j < 4; ++j)
+              best[i][nt][j] = ph == 0 ? acc[i][nt][j] : max_nan(best[i][nt][j], acc[i][nt][j]);
       }
     }
 
@@ -243,9 +243,10 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
           float v = best[i][nt][j];
           if (!exact) {
             const int col = nt * 8 + 2 * t + cc;
-            float y = pre_activation((negative >> (nt * 2 + cc)) & 1u ? -v : v, sBias[col], has_bias);
+            const float m = sMult[col];
+            float y = pre_activation(m < 0.f ? -v : v, sBias[col], has_bias);
             if constexpr (kHalf) y = round_to_io<io_t>(y);
-            v = epilogue(y, sMult[col], p.s1, p.s2);
+            v = epilogue(y, m, p.s1, p.s2);
           }
           static_cast<io_t*>(p.out)[o] = from_float<io_t>(v);
           if constexpr (TRAIN) {
@@ -264,31 +265,30 @@ __global__ void __launch_bounds__(kThreads, TRAIN ? 1 : 2) conv_t3d_post_pool_ke
 
 // Blocks per multiprocessor of one instantiation at one chunk size, asked of the runtime once (the grid only
 // sizes the persistent loop, so a stale figure on a different second GPU costs speed, never correctness).
-template <Mode M, int MT, bool TRAIN>
-int blocks_per_sm(int chunk_words, size_t smem) {
-  static std::atomic<int> cache[kMaxChunkWords / 8 + 1];
-  const int idx = chunk_words / 8 <= kMaxChunkWords / 8 ? chunk_words / 8 : 0;
-  int v = cache[idx].load(std::memory_order_relaxed);
+template <Mode M, int MT, bool TRAIN, int KS>
+int blocks_per_sm(size_t smem) {
+  static std::atomic<int> cache{0};
+  int v = cache.load(std::memory_order_relaxed);
   if (v <= 0) {
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, conv_t3d_post_pool_kernel<M, MT, TRAIN>,
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, conv_t3d_post_pool_kernel<M, MT, TRAIN, KS>,
                                                                  kThreads, smem));
     v = v > 0 ? v : 1;
-    cache[idx].store(v, std::memory_order_relaxed);
+    cache.store(v, std::memory_order_relaxed);
   }
   return v;
 }
 
-template <Mode M, int MT, bool TRAIN>
+template <Mode M, int MT, bool TRAIN, int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
-  const size_t smem = smem_bytes<MT>(p.chunk_words);
-  auto kernel = conv_t3d_post_pool_kernel<M, MT, TRAIN>;
+  const size_t smem = smem_bytes<MT>(8 * KS);
+  auto kernel = conv_t3d_post_pool_kernel<M, MT, TRAIN, KS>;
   // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t n_chunks_n = (p.Cout + kBlockN - 1) / kBlockN;
-  const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, MT, TRAIN>(p.chunk_words, smem)) * sms;
+  const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, MT, TRAIN, KS>(smem)) * sms;
   int64_t bx = (resident + n_chunks_n - 1) / n_chunks_n;
   bx = bx < p.n_tiles ? bx : p.n_tiles;
   bx = bx > 0 ? bx : 1;
@@ -297,13 +297,25 @@ void launch_one(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <Mode M, int MT, bool TRAIN>
+void launch_ks(const Params& p, cudaStream_t stream) {
+  switch (p.chunk_words) {
+    case 8:
+      return launch_one<M, MT, TRAIN, 1>(p, stream);
+    case 16:
+      return launch_one<M, MT, TRAIN, 2>(p, stream);
+    default:
+      TORCH_INTERNAL_ASSERT(p.chunk_words == kMaxChunkWords);
+      return launch_one<M, MT, TRAIN, kMaxChunkWords / 8>(p, stream);
+  }
+}
+
+// The training form keeps the selected values and offsets in registers too: one row tile per warp keeps it
+// within two blocks per multiprocessor.
 template <Mode M>
 void launch_mode(const Params& p, int mt, bool train, cudaStream_t stream) {
-  if (mt == 2) {
-    train ? launch_one<M, 2, true>(p, stream) : launch_one<M, 2, false>(p, stream);
-  } else {
-    train ? launch_one<M, 1, true>(p, stream) : launch_one<M, 1, false>(p, stream);
-  }
+  if (train) return launch_ks<M, 1, true>(p, stream);
+  return mt == 2 ? launch_ks<M, 2, false>(p, stream) : launch_ks<M, 1, false>(p, stream);
 }
 
 }  // namespace conv_pool

@@ -96,8 +96,9 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cin is 0.
   const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cin : ceil_div(Cin, 2), 1);
   const int64_t padded = ceil_div(words, 8) * 8;
-  p.nchunks = static_cast<int>(ceil_div(padded, kMaxChunkWords));
-  p.chunk_words = static_cast<int>(ceil_div(ceil_div(padded, p.nchunks), 8) * 8);
+  // Chunks of 8, 16 or kMaxChunkWords k-words (the kernels' compile-time k-steps).
+  p.chunk_words = padded <= 16 ? static_cast<int>(padded) : kMaxChunkWords;
+  p.nchunks = static_cast<int>(ceil_div(padded, p.chunk_words));
 
   // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles;
   // small problems take 128-position blocks to spread over more multiprocessors.

@@ -53,13 +53,17 @@ __device__ __forceinline__ uint32_t tf32_round(float x) {
   return r;
 }
 
-// x = hi + lo with hi = TF32(x) and lo = TF32(x - hi). A non-finite hi (inf, NaN) gets lo = 0: inf - inf would
-// be NaN and turn an exact infinite product into NaN.
-__device__ __forceinline__ void tf32_split(uint32_t word, uint32_t& hi, uint32_t& lo) {
+// x = hi + lo with hi = TF32(x) and lo = TF32(x - hi), and `cross`: hi where finite, else 0, for the products
+// with the other operand's lo. For a non-finite x, lo = 0 (inf - inf would be NaN) and cross = 0 (inf times the
+// other operand's lo, which is 0 for a TF32-exact value, would be NaN): only hi x hi sees the infinity, so an
+// exact infinite product stays exact.
+__device__ __forceinline__ void tf32_split(uint32_t word, uint32_t& hi, uint32_t& lo, uint32_t& cross) {
   const float x = __uint_as_float(word);
   hi = tf32_round(x);
   const float h = __uint_as_float(hi);
-  lo = fabsf(h) < __int_as_float(0x7f800000) ? tf32_round(x - h) : 0u;
+  const bool finite = fabsf(h) < __int_as_float(0x7f800000);
+  lo = finite ? tf32_round(x - h) : 0u;
+  cross = finite ? hi : 0u;
 }
 
 __device__ __forceinline__ float to_float(float v) { return v; }

@@ -47,48 +47,61 @@ __device__ __forceinline__ uint32_t load_word(const void* base, int64_t at, int6
 
 // The weight of the block's kBlockN output channels for chunk `chunk`, in B-fragment order: for each tap, k-step
 // (8 k-words) and pair of 8-column tiles, 32 lanes x 4 words (tile 0: k-words t, t+4; tile 1: same) so that a
-// lane reads its fragments of two column tiles with one 16-byte load. Zero outside Cin / Cout. Returns whether
-// this thread saw a non-finite weight.
+// lane reads its fragments of two column tiles with one 16-byte load. Zero outside Cin / Cout. `negate` (the
+// monotone form) stores -w for channels with a negative multiplier, so that the pool's running max of the
+// products is the extreme the epilogue needs (negation is exact, NaN and infinities included). Loads are issued
+// kBatch at a time before their stores. Returns whether this thread saw a non-finite weight.
 template <Mode M>
-__device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co0, int chunk) {
-  const int ksteps = p.chunk_words >> 3;
-  const int total = 27 * p.chunk_words * kBlockN;
+__device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co0, int chunk, int ksteps,
+                              const float* __restrict__ sMult, bool negate) {
+  constexpr int kBatch = 8;
+  const int total = 27 * ksteps * 8 * kBlockN;
   bool nonfinite = false;
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    const int q = i & 3, ln = (i >> 2) & 31, rest = i >> 7;
-    const int ntp = rest & 1, r2 = rest >> 1;
-    const int ks = r2 % ksteps, tap = r2 / ksteps;
-    const int nt = ntp * 2 + (q >> 1);
-    const int kw = chunk * p.chunk_words + ks * 8 + (ln & 3) + 4 * (q & 1);
-    const int co = co0 + nt * 8 + (ln >> 2);
-    uint32_t word = 0u;
-    if (co < p.Cout) {
-      const int kd = tap / 9, kh = (tap / 3) % 3, kx = tap % 3;
-      const int64_t at = co * p.sw[1] + kd * p.sw[2] + kh * p.sw[3] + kx * p.sw[4];
-      word = load_word<M>(p.w, at, p.sw[0], kw, p.Cin, nonfinite);
+  for (int base = threadIdx.x; base < total; base += kBatch * kThreads) {
+    uint32_t v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      v[u] = 0u;
+      const int q = i & 3, ln = (i >> 2) & 31, rest = i >> 7;
+      const int ntp = rest & 1, r2 = rest >> 1;
+      const int ks = r2 % ksteps, tap = r2 / ksteps;
+      const int col = (ntp * 2 + (q >> 1)) * 8 + (ln >> 2);
+      const int co = co0 + col;
+      if (i < total && co < p.Cout) {
+        const int kw = chunk * ksteps * 8 + ks * 8 + (ln & 3) + 4 * (q & 1);
+        const int kd = tap / 9, kh = (tap / 3) % 3, kx = tap % 3;
+        const int64_t at = co * p.sw[1] + kd * p.sw[2] + kh * p.sw[3] + kx * p.sw[4];
+        uint32_t word = load_word<M>(p.w, at, p.sw[0], kw, p.Cin, nonfinite);
+        if (negate && sMult[col] < 0.f) word ^= ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+        v[u] = word;
+      }
     }
-    sB[i] = word;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (base + u * kThreads < total) sB[base + u * kThreads] = v[u];
+    }
   }
   return nonfinite;
 }
 
 // The input halo of the tile at (n, qd0, qh0, qw0), chunk `chunk`: word (k, position) at k * kPitch + position,
 // positions (hd, hh, hw) row-major over kHD x kHH x kHW; zero outside the input (the convolution's missing
-// neighbour q + 1 of the last window with output_padding 1, and the tile's overhang). Four loads per thread
-// are issued before their stores.
+// neighbour q + 1 of the last window with output_padding 1, and the tile's overhang). kBatch loads per thread
+// are issued before their stores (each is an L2 round trip).
 template <Mode M, int MT>
 __device__ void stage_input(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
-                            int chunk) {
+                            int chunk, int cw) {
   using TS = TileShape<MT>;
-  const int cw = p.chunk_words;
+  constexpr int kBatch = 8;
   const int total = cw * TS::kHalo;
   const int64_t nbase = static_cast<int64_t>(n) * p.sx[0];
   bool unused = false;
-  for (int base = threadIdx.x; base < total; base += 4 * kThreads) {
-    uint32_t v[4];
-    int dst[4];
+  for (int base = threadIdx.x; base < total; base += kBatch * kThreads) {
+    uint32_t v[kBatch];
+    int dst[kBatch];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int i = base + u * kThreads;
       v[u] = 0u;
       dst[u] = -1;
@@ -114,7 +127,7 @@ __device__ void stage_input(const Params& p, uint32_t* __restrict__ sA, int n, i
       }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       if (dst[u] >= 0) sA[dst[u]] = v[u];
     }
   }
