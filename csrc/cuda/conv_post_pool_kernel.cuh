@@ -158,7 +158,11 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
 
     if (p.nchunks == 1) {
       __syncthreads();  // the previous tile's reads of sA are done
-      stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+      if (p.x_channels_last) {
+        stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+      } else {
+        stage_input_rows<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+      }
       __syncthreads();
     }
 
@@ -227,22 +231,24 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
     }
 
     // Stores: int64 offsets; out, selected and offsets share strides.
+    const int64_t col0 = static_cast<int64_t>(co0 + 2 * t) * p.so[1];
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
       const int qd = qd0 + row_d[i], qh = qh0 + row_h[i];
       if (qd >= p.PD || qh >= p.PH) continue;
+      const int64_t row = n * p.so[0] + qd * p.so[2] + qh * p.so[3] + (qw0 + g) * p.so[4] + col0;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+      for (int j = 0; j < 4; ++j) {
+        if (qw0 + g + 8 * (j >> 1) >= p.PW) continue;
+        const int64_t at = row + (j >> 1) * 8 * p.so[4] + (j & 1) * p.so[1];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int qw = qw0 + g + 8 * (j >> 1);
+        for (int nt = 0; nt < kNT; ++nt) {
           const int cc = j & 1;
-          const int co = co0 + nt * 8 + 2 * t + cc;
-          if (qw >= p.PW || co >= p.Cout) continue;
-          const int64_t o = n * p.so[0] + co * p.so[1] + qd * p.so[2] + qh * p.so[3] + qw * p.so[4];
+          const int col = nt * 8 + 2 * t + cc;
+          if (co0 + col >= p.Cout) continue;
+          const int64_t o = at + nt * 8 * p.so[1];
           float v = best[i][nt][j];
           if (!exact) {
-            const int col = nt * 8 + 2 * t + cc;
             const float m = sMult[col];
             float y = pre_activation(m < 0.f ? -v : v, sBias[col], has_bias);
             if constexpr (kHalf) y = round_to_io<io_t>(y);

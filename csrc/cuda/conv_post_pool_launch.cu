@@ -108,6 +108,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   const int64_t positions = N * PD * PH * PW;
   int mt = positions >= int64_t(2) * TileShape<2>::kPositions * sms ? 2 : 1;
   if (mt_override() == 1 || mt_override() == 2) mt = mt_override();
+  if (train) mt = 1;  // the training kernels hold one row tile per warp (conv_post_pool_kernel.cuh)
   const int tile_d = mt == 2 ? TileShape<2>::kTD : TileShape<1>::kTD;
   p.tiles_d = static_cast<int>(ceil_div(PD, tile_d));
   p.tiles_h = static_cast<int>(ceil_div(PH, kTileH));

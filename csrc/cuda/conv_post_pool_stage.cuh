@@ -54,7 +54,7 @@ __device__ __forceinline__ uint32_t load_word(const void* base, int64_t at, int6
 template <Mode M>
 __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co0, int chunk, int ksteps,
                               const float* __restrict__ sMult, bool negate) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 16;
   const int total = 27 * ksteps * 8 * kBlockN;
   bool nonfinite = false;
   for (int base = threadIdx.x; base < total; base += kBatch * kThreads) {
@@ -130,6 +130,51 @@ __device__ void stage_input(const Params& p, uint32_t* __restrict__ sA, int n, i
     for (int u = 0; u < kBatch; ++u) {
       if (dst[u] >= 0) sA[dst[u]] = v[u];
     }
+  }
+}
+
+// The same for an input whose w stride is not 1 in channels (NCDHW and the like): rows (k, hd, hh) of the halo,
+// 16 threads per row for its first kTileW positions (consecutive w: coalesced), then one pass for the last
+// column. Per element only the row decode and one address; the generic loop above pays two divisions more.
+template <Mode M, int MT>
+__device__ void stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
+                                 int chunk, int cw) {
+  using TS = TileShape<MT>;
+  constexpr int kBatch = 8;
+  constexpr int kRowsPerWord = TS::kHD * TS::kHH;
+  const int rows = cw * kRowsPerWord;
+  const int64_t tile = static_cast<int64_t>(n) * p.sx[0] + qd0 * p.sx[2] + qh0 * p.sx[3] + qw0 * p.sx[4];
+  bool unused = false;
+  const int lw = threadIdx.x & 15;
+  const bool w_ok = qw0 + lw < p.W;
+  for (int r0 = threadIdx.x >> 4; r0 < rows; r0 += 16 * kBatch) {
+    uint32_t v[kBatch];
+    int dst[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int r = r0 + 16 * u;
+      const int kl = r / kRowsPerWord, rr = r - kl * kRowsPerWord;
+      const int hd = rr / TS::kHH, hh = rr - hd * TS::kHH;
+      dst[u] = r < rows ? kl * TS::kPitch + rr * TS::kHW + lw : -1;
+      v[u] = r < rows && w_ok && qd0 + hd < p.D && qh0 + hh < p.H
+                 ? load_word<M>(p.x, tile + hd * p.sx[2] + hh * p.sx[3] + lw * p.sx[4], p.sx[1], chunk * cw + kl,
+                                p.Cin, unused)
+                 : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (dst[u] >= 0) sA[dst[u]] = v[u];
+    }
+  }
+  const bool last_ok = qw0 + kTileW < p.W;
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    const int kl = r / kRowsPerWord, rr = r - kl * kRowsPerWord;
+    const int hd = rr / TS::kHH, hh = rr - hd * TS::kHH;
+    sA[kl * TS::kPitch + rr * TS::kHW + kTileW] =
+        last_ok && qd0 + hd < p.D && qh0 + hh < p.H
+            ? load_word<M>(p.x, tile + hd * p.sx[2] + hh * p.sx[3] + kTileW * p.sx[4], p.sx[1], chunk * cw + kl,
+                           p.Cin, unused)
+            : 0u;
   }
 }
 
