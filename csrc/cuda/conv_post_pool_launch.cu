@@ -63,6 +63,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   }
   if (out.numel() == 0) return;  // N, Cout or a pooled extent is 0
   TORCH_INTERNAL_ASSERT(std::max({D, H, W, Cin, Cout}) < (int64_t(1) << 30));
+  TORCH_INTERNAL_ASSERT(weight.numel() < (int64_t(1) << 31) && weight.is_non_overlapping_and_dense());
 
   Params p{};
   p.x = input.data_ptr();

@@ -26,8 +26,8 @@ __device__ __forceinline__ int phase_tap(int ed, int eh, int ew, int td, int th,
 
 // One k-word (chunk-relative `kw`) of tensor `base` with channel stride `sc`, as the mma wants it; returns
 // false when a real element is not finite.
-template <Mode M>
-__device__ __forceinline__ uint32_t load_word(const void* base, int64_t at, int64_t sc, int kw, int C,
+template <Mode M, typename Index>
+__device__ __forceinline__ uint32_t load_word(const void* base, Index at, Index sc, int kw, int C,
                                               bool& nonfinite) {
   if constexpr (!ModeTraits<M>::kHalf) {
     if (kw >= C) return 0u;
@@ -71,8 +71,10 @@ __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co
       if (i < total && co < p.Cout) {
         const int kw = chunk * ksteps * 8 + ks * 8 + (ln & 3) + 4 * (q & 1);
         const int kd = tap / 9, kh = (tap / 3) % 3, kx = tap % 3;
-        const int64_t at = co * p.sw[1] + kd * p.sw[2] + kh * p.sw[3] + kx * p.sw[4];
-        uint32_t word = load_word<M>(p.w, at, p.sw[0], kw, p.Cin, nonfinite);
+        // int32 offsets: the launcher checks that the weight has fewer than 2^31 elements.
+        const int at = co * static_cast<int>(p.sw[1]) + kd * static_cast<int>(p.sw[2]) +
+                       kh * static_cast<int>(p.sw[3]) + kx * static_cast<int>(p.sw[4]);
+        uint32_t word = load_word<M>(p.w, at, static_cast<int>(p.sw[0]), kw, p.Cin, nonfinite);
         if (negate && sMult[col] < 0.f) word ^= ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
         v[u] = word;
       }
