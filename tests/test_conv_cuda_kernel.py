@@ -10,14 +10,28 @@ Two kinds of reference, both eager:
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
+# TORCH_FUSED_OPS_CONV_KERNEL_DEV=1 runs these tests on the kernel alone, built by
+# benchmarks/conv_post_pool_kernel.py (for kernel work without the rest of the extension); otherwise through the
+# operators.
+_DEV = os.environ.get("TORCH_FUSED_OPS_CONV_KERNEL_DEV", "0") == "1"
+_dev_ext = None
 if torch.cuda.is_available():
-    import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
+    if _DEV:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+        import conv_post_pool_kernel as _dev_module
+
+        _dev_ext = _dev_module.build()
+    else:
+        import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
 
 PRECS = {"tf32": (torch.float32, True), "fp32": (torch.float32, False), "bf16": (torch.bfloat16, True),
          "fp16": (torch.float16, True)}
@@ -31,6 +45,9 @@ def tf32_setting():
 
 
 def fused(x, w, b, m, s1, s2, op, train):
+    if _dev_ext is not None:
+        cl = x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+        return tuple(_dev_ext.run(x, w, b, m, s1, s2, list(op), torch.backends.cudnn.allow_tf32, train, cl, 0))
     args = (x, w, b, [2, 2, 2], [1, 1, 1], list(op), 1, [1, 1, 1], m, s1, [2, 2, 2], [], [0, 0, 0], [1, 1, 1],
             False, s2)
     if train:
