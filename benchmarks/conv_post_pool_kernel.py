@@ -421,7 +421,8 @@ def main():
     if "accuracy" in report:
         print("\nprec  rel_l2 ours / ours train / cuDNN   offsets agree (train, vs float64)")
         for r in report["accuracy"]:
-            print(f"{r['prec']:5} {r['ours']:.3e} / {r['ours_train']:.3e} / {r['cudnn']:.3e}   {r['offsets_agree']:.5f}")
+            print(f"{r['prec']:5} {r['ours']:.3e} / {r['ours_train']:.3e} / {r['cudnn']:.3e}   "
+                  f"{r['offsets_agree']:.5f}")
     if "timing" in report:
         print("\nprec  train N   " + "  ".join(k for k in report["timing"][0] if k not in ("prec", "train", "N")))
         for r in report["timing"]:
