@@ -1,0 +1,250 @@
+"""The fused transposed-convolution CUDA kernel (csrc/cuda/conv_post_pool_*), through the operators
+fused::conv_transpose3d_post_pool and fused::conv_transpose3d_post_pool_with_offsets.
+
+Two kinds of reference, both eager:
+- integer data: every convolution value is a small integer, exact in float32/TF32/bf16/fp16 and in any summation
+  order, so the kernel must reproduce eager's float32 chain (conv -> leaky -> x m -> leaky -> max_pool3d with
+  indices) bit for bit: out, selected and offsets (ties keep the first tap, the last NaN wins, all -inf windows
+  report offset 0). Half precision rounds the conv value to the I/O dtype and runs the epilogue in float32.
+- random data: relative L2 error against float64, bounded by cuDNN's own error for that precision.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# TORCH_FUSED_OPS_CONV_KERNEL_DEV=1 runs these tests on the kernel alone, built by
+# benchmarks/conv_post_pool_kernel.py (for kernel work without the rest of the extension); otherwise through the
+# operators.
+_DEV = os.environ.get("TORCH_FUSED_OPS_CONV_KERNEL_DEV", "0") == "1"
+_dev_ext = None
+if torch.cuda.is_available():
+    if _DEV:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+        import conv_post_pool_kernel as _dev_module
+
+        _dev_ext = _dev_module.build()
+    else:
+        import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
+
+PRECS = {"tf32": (torch.float32, True), "fp32": (torch.float32, False), "bf16": (torch.bfloat16, True),
+         "fp16": (torch.float16, True)}
+
+
+@pytest.fixture
+def tf32_setting():
+    old = torch.backends.cudnn.allow_tf32
+    yield lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def fused(x, w, b, m, s1, s2, op, train):
+    if _dev_ext is not None:
+        cl = x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+        return tuple(_dev_ext.run(x, w, b, m, s1, s2, list(op), torch.backends.cudnn.allow_tf32, train, cl, 0))
+    args = (x, w, b, [2, 2, 2], [1, 1, 1], list(op), 1, [1, 1, 1], m, s1, [2, 2, 2], [], [0, 0, 0], [1, 1, 1],
+            False, s2)
+    if train:
+        return torch.ops.fused.conv_transpose3d_post_pool_with_offsets(*args)
+    return (torch.ops.fused.conv_transpose3d_post_pool(*args),)
+
+
+def conv64(x, w, b, op):
+    return F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), stride=2, padding=1,
+                              output_padding=tuple(op))
+
+
+def pool_chain(y, m, s1, s2):
+    e = F.leaky_relu(F.leaky_relu(y, s1) * m.to(y.dtype).reshape(1, -1, 1, 1, 1), s2)
+    out, idx = F.max_pool3d(e, 2, 2, return_indices=True)
+    sel = y.flatten(2).gather(2, idx.flatten(2)).view_as(out)
+    OH, OW = y.shape[3], y.shape[4]
+    od, oh, ow = idx // (OH * OW), (idx // OW) % OH, idx % OW
+    return out, sel, (((od % 2) * 2 + oh % 2) * 2 + ow % 2).to(torch.uint8)
+
+
+def same(a, b):
+    a, b = a.double(), b.double()
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def make(shape, dtype, ints, cl=False, bias=True, mult="chan", seed=0):
+    N, Cin, Cout, D, H, W = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if ints:
+        x = torch.randint(-3, 4, (N, Cin, D, H, W), generator=g, device="cuda").to(dtype)
+        w = torch.randint(-2, 3, (Cin, Cout, 3, 3, 3), generator=g, device="cuda").to(dtype)
+        b = torch.randint(-2, 3, (Cout,), generator=g, device="cuda").to(dtype) if bias else None
+        m = torch.randint(-2, 3, (Cout,), generator=g, device="cuda").to(dtype) * 0.5
+    else:
+        x = torch.randn((N, Cin, D, H, W), generator=g, device="cuda").to(dtype)
+        w = (torch.randn((Cin, Cout, 3, 3, 3), generator=g, device="cuda") / (27 * max(Cin, 1)) ** 0.5).to(dtype)
+        b = (torch.randn((Cout,), generator=g, device="cuda") * 0.1).to(dtype) if bias else None
+        m = torch.randn((Cout,), generator=g, device="cuda").to(dtype)
+    m = {"chan": m, "pos": m.abs() + 0.5, "neg": -(m.abs() + 0.5), "one": m[:1]}[mult]
+    m = m.reshape(-1, 1, 1, 1).contiguous()
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+        w = w.contiguous(memory_format=torch.channels_last_3d)
+    return x, w, b, m
+
+
+def check_exact(prec, shape, op, tf32_setting, s1=0.1, s2=0.2, train=True, cl=False, mult="chan", bias=True,
+                neg_inf=False, seed=0):
+    dtype, tf32 = PRECS[prec]
+    tf32_setting(tf32)
+    x, w, b, m = make(shape, dtype, True, cl=cl, bias=bias, mult=mult, seed=seed)
+    if neg_inf:
+        w, x = w.abs() + 1, x.clone()
+        x.view(-1)[::7] = float("-inf")
+        b = None if b is None else b.abs()
+    res = fused(x, w, b, m, s1, s2, op, train)
+    y = conv64(x, w, b, op).to(dtype).float()
+    ref_out, ref_sel, ref_off = pool_chain(y, m.float(), s1, s2)
+    assert res[0].shape == ref_out.shape and res[0].dtype == dtype
+    assert same(res[0], ref_out.to(dtype))
+    if cl:
+        assert res[0].is_contiguous(memory_format=torch.channels_last_3d)
+    if train:
+        assert same(res[1], ref_sel.to(dtype))
+        assert torch.equal(res[2], ref_off)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("op", [(1, 1, 1), (0, 0, 0), (1, 0, 1), (0, 1, 0)])
+@pytest.mark.parametrize("train", [True, False])
+def test_exact_output_padding(prec, op, train, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), op, tf32_setting, train=train)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("train", [True, False])
+def test_exact_channels_last(prec, train, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 0, 1), tf32_setting, train=train, cl=True)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("s1,s2", [(-0.5, 0.3), (0.0, 0.0), (1e-50, 0.2), (0.2, 1.5)])
+def test_exact_slopes(prec, s1, s2, tf32_setting):
+    # 1e-50 is 0.0 in float32: the kernel must not take the monotone form for it.
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, s1=s1, s2=s2, train=False)
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, s1=s1, s2=s2, train=True)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("mult,bias", [("neg", True), ("pos", False), ("one", True), ("one", False)])
+@pytest.mark.parametrize("train", [True, False])
+def test_exact_multipliers(prec, mult, bias, train, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, bias=bias, train=train)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("train,mult", [(True, "chan"), (False, "pos"), (False, "chan")])
+def test_exact_minus_inf_windows(prec, train, mult, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, train=train, mult=mult, neg_inf=True)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("cin,cout", [(1, 3), (3, 1), (17, 33), (33, 17), (64, 64), (128, 128), (16, 32)])
+def test_exact_channel_tails(prec, cin, cout, tf32_setting):
+    check_exact(prec, (1, cin, cout, 3, 4, 5), (1, 0, 1), tf32_setting, train=cin % 2 == 1)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("shape,op", [((2, 4, 6, 1, 1, 1), (1, 1, 1)), ((1, 4, 6, 2, 1, 3), (1, 1, 0)),
+                                      ((1, 16, 32, 9, 9, 17), (1, 1, 1)), ((3, 16, 32, 9, 33, 17), (0, 1, 1))])
+def test_exact_spatial_sizes(prec, shape, op, tf32_setting):
+    check_exact(prec, shape, op, tf32_setting, train=True)
+    check_exact(prec, shape, op, tf32_setting, train=False, mult="pos")
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+def test_empty(prec, tf32_setting):
+    dtype, tf32 = PRECS[prec]
+    tf32_setting(tf32)
+    x, w, b, m = make((0, 4, 6, 3, 3, 3), dtype, False)
+    for train in (False, True):
+        res = fused(x, w, b, m, 0.1, 0.1, (1, 1, 1), train)
+        assert res[0].shape == (0, 6, 3, 3, 3)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("train", [False, True])
+def test_random_accuracy_against_cudnn(prec, train, tf32_setting):
+    # KernelBench level 2 problem 74's size at batch 2.
+    dtype, tf32 = PRECS[prec]
+    tf32_setting(tf32)
+    x, w, b, m = make((2, 16, 32, 16, 32, 32), dtype, False, seed=3)
+    s1, s2, op = 0.01, 0.01, (1, 1, 1)
+    ref_out, _, ref_off = pool_chain(conv64(x, w, b, op), m.double(), s1, s2)
+    res = fused(x, w, b, m, s1, s2, op, train)
+    err = ((res[0].double() - ref_out).norm() / ref_out.norm()).item()
+    y = F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=op)
+    cud = pool_chain(y, m, s1, s2)[0]
+    cud_err = ((cud.double() - ref_out).norm() / ref_out.norm()).item()
+    bound = {"tf32": 1.5 * cud_err, "fp32": 1e-6, "bf16": 2 * cud_err, "fp16": 2 * cud_err}[prec]
+    assert err <= bound, (err, cud_err)
+    if train:
+        assert bool((res[2] <= 7).all())
+        agree = (res[2] == ref_off).double().mean().item()
+        assert agree > (0.97 if dtype == torch.float32 else 0.8)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("where", ["x", "w"])
+@pytest.mark.parametrize("train", [False, True])
+def test_nonfinite_propagate_as_the_convolution(prec, where, train, tf32_setting):
+    dtype, tf32 = PRECS[prec]
+    tf32_setting(tf32)
+    x, w, b, m = make((2, 6, 10, 5, 6, 7), dtype, False, mult="pos", seed=4)
+    if where == "x":
+        x = x.clone()
+        x.view(-1)[::101] = float("nan")
+        x.view(-1)[3::211] = float("inf")
+        x.view(-1)[5::307] = float("-inf")
+    else:
+        # k = 0 taps meet the missing neighbour of the last window (output_padding 1): the convolution has no
+        # term there, so an infinite weight must not turn those outputs into NaN.
+        w = w.clone()
+        w[0, 0, 0, 1, 1] = float("inf")
+        w[1, 1, 1, 0, 2] = float("nan")
+    res = fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), train)
+    ref = pool_chain(conv64(x, w, b, (1, 1, 1)), m.double(), 0.01, 0.01)[0]
+    out = res[0].double()
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out[ref.isinf()], ref[ref.isinf()])
+    fin = ref.isfinite()
+    tol = {"tf32": 3e-3, "fp32": 1e-6, "bf16": 2e-2, "fp16": 4e-3}[prec]
+    assert ((out[fin] - ref[fin]).norm() / ref[fin].norm()).item() <= tol
+
+
+def test_cuda_graph_replay_and_no_sync(tf32_setting):
+    tf32_setting(True)
+    x, w, b, m = make((2, 16, 32, 8, 16, 16), torch.float32, False, seed=5)
+    expected = fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), False)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), False)[0]
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), False)[0], captured)
+    for a, e in zip(again, expected):
+        assert torch.equal(a, e) or same(a, e)
