@@ -153,6 +153,7 @@ MODEL_CONFIGS = {
     "bf16": (torch.bfloat16, None, True, None),
     "fp32-b1": (torch.float32, 1, True, None),
     "fp32-b1-graphs": (torch.float32, 1, True, "reduce-overhead"),
+    "fp32-graphs": (torch.float32, None, True, "reduce-overhead"),
     "fp32-strict": (torch.float32, None, False, None),
 }
 
