@@ -25,12 +25,6 @@ IntOr3 = int | Sequence[int]
 _ops = torch.ops.fused
 
 
-def _as_list(v: IntOr3 | None) -> list[int]:
-    if v is None:
-        return []
-    return [int(v)] if isinstance(v, int) else [int(x) for x in v]
-
-
 def post_pool(
     input: Tensor,
     multiplier: Tensor,
@@ -59,9 +53,12 @@ def post_pool(
         double inputs) rounded once to the input dtype; float32 results equal the eager composite bit for bit.
         Differentiable in input and multiplier.
     """
+    op = "fused::post_pool"
     return _ops.post_pool(
-        input, multiplier, float(negative_slope), _as_list(kernel_size), _as_list(stride), _as_list(padding),
-        _as_list(dilation), bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
+        input, multiplier, float(negative_slope), _geometry.expand3(f"{op}: kernel_size", kernel_size),
+        [] if stride is None else _geometry.expand3(f"{op}: stride", stride, allow_empty_as=[]),
+        _geometry.expand3(f"{op}: padding", padding), _geometry.expand3(f"{op}: dilation", dilation),
+        bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
     )
 
 
