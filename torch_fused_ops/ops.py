@@ -6,6 +6,10 @@ Ops (schemas in csrc/ops.cpp):
   fused::post_pool_backward      gradients of input and multiplier from those pooled-size tensors
   fused::post_pool_bias*         the same three with a per-channel bias added to the input first (the Inductor
                                  pass can fold a convolution's bias into them)
+Private ops (no fake impl, not for graphs):
+  fused::_post_pool_backward_tuned  the CUDA backward with launch choices other than the shipped ones (the sweep
+                                    benchmarks/post_pool_bwd_sweep.py and the tests comparing the forms)
+  fused::_set_cpu_huge_pages        whether the CPU kernels advise huge pages (the settings module calls it)
 
 Autograd: post_pool_with_offsets has a registered backward (post_pool_backward). post_pool's Autograd kernel
 routes calls that need gradients to post_pool_with_offsets, so training keeps only pooled-size tensors alive
