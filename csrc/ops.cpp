@@ -1,5 +1,7 @@
 // Schemas of every operator in the `fused` namespace, and the Python module stub that lets
 // `import torch_fused_ops._C` load this library (which runs the registrations below).
+#include "cpu_huge_pages.h"
+
 #include <Python.h>
 #include <torch/library.h>
 
@@ -50,6 +52,18 @@ TORCH_LIBRARY(fused, m) {
       "int[3] padding, int[3] dilation, bool channels_last) "
       "-> (Tensor grad_input, Tensor grad_bias, Tensor grad_multiplier)",
       {at::Tag::pt2_compliant_tag});
+  // Private: the CUDA backward with launch choices other than the measured defaults (packs per thread of the
+  // channels_last kernel, 0 = by dtype; dependent launches; the single-launch per-channel sum), for
+  // benchmarks/post_pool_bwd_sweep.py and the tests that compare the forms. grad_bias is undefined (None) without
+  // a bias.
+  m.def(
+      "_post_pool_backward_tuned(Tensor grad_output, Tensor selected, Tensor offsets, Tensor? bias, "
+      "Tensor multiplier, float negative_slope, float? negative_slope2, SymInt[5] input_size, int[3] kernel_size, "
+      "int[3] stride, int[3] padding, int[3] dilation, bool channels_last, int cl_items, bool dependent_launches, "
+      "bool single_launch_sum) -> (Tensor grad_input, Tensor grad_bias, Tensor grad_multiplier)");
+  // Private: whether the CPU kernels ask for transparent huge pages on their large outputs (default on; see
+  // csrc/cpu_huge_pages.h). The package's settings module calls it from its environment variable.
+  m.def("_set_cpu_huge_pages(bool enabled) -> ()", &fused::set_cpu_huge_pages);
   // post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...): the whole KernelBench chain. Kernels
   // in Python (torch_fused_ops/conv_ops.py): a fused Triton kernel on CUDA where it applies, else the aten
   // convolution followed by fused.post_pool.

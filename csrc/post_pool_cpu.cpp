@@ -1,15 +1,14 @@
-// CPU kernels of fused::post_pool, post_pool_with_offsets and post_pool_backward, and of their post_pool_bias
+// CPU launchers of fused::post_pool, post_pool_with_offsets and post_pool_backward, and of their post_pool_bias
 // variants (a per-channel bias added before the first LeakyReLU; scalar paths only, as Inductor keeps conv
-// biases inside the convolution on CPU and so rarely routes here).
-#include "cpu_huge_pages.h"
+// biases inside the convolution on CPU and so rarely routes here). The op entry points are post_pool_ops.cpp.
 #include "post_pool.h"
 #include "post_pool_cpu_simd.h"
+#include "post_pool_launchers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <limits>
 #include <vector>
@@ -347,78 +346,30 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const char* op, bool save, const at::Tensor& input,
-                                                           const at::Tensor& multiplier, double negative_slope,
-                                                           at::IntArrayRef kernel_size, at::IntArrayRef stride,
-                                                           at::IntArrayRef padding, at::IntArrayRef dilation,
-                                                           bool ceil_mode, std::optional<double> negative_slope2,
-                                                           const std::optional<at::Tensor>& bias = std::nullopt) {
-  // The shared checks first: they name a device mismatch between input and multiplier.
-  const ForwardInputs f = prepare_forward(op, input, multiplier, kernel_size, stride, padding, dilation, ceil_mode,
-                                          negative_slope, negative_slope2, bias);
-  TORCH_CHECK_VALUE(input.device().is_cpu(), op, ": CPU kernel called with input on device ", input.device());
+}  // namespace
+
+void launch_forward_cpu(const ForwardInputs& f, const ForwardOutputs& o) {
   const PoolGeometry& g = f.g;
-  const auto opts = input.options().memory_format(f.format);
-  at::Tensor out = at::empty({g.N, g.C, g.OD, g.OH, g.OW}, opts);
-  advise_huge_pages(out);
-  at::Tensor sel, off;
-  if (save) {
-    sel = at::empty_like(out);
-    off = at::empty_like(out, out.options().dtype(g.offset_dtype()));
-    advise_huge_pages(sel);
-    advise_huge_pages(off);
-  }
-  if (g.empty()) return {out, sel, off};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "fused_post_pool_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.input.scalar_type(), "fused_post_pool_cpu", [&] {
     auto run = [&](auto* off_ptr) {
       using off_t = std::remove_pointer_t<decltype(off_ptr)>;
       ForwardPtrs<scalar_t, off_t> p{f.input.const_data_ptr<scalar_t>(), f.multiplier.const_data_ptr<scalar_t>(),
-                                     f.multiplier.numel() == 1 ? 0 : 1, out.mutable_data_ptr<scalar_t>(),
-                                     save ? sel.mutable_data_ptr<scalar_t>() : nullptr, off_ptr,
+                                     f.multiplier.numel() == 1 ? 0 : 1, o.out.mutable_data_ptr<scalar_t>(),
+                                     o.save() ? o.selected.mutable_data_ptr<scalar_t>() : nullptr, off_ptr,
                                      f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr};
       forward_dispatch(p, g, f.s1, f.s2);
     };
-    if (!save) {
+    if (!o.save()) {
       run(static_cast<uint8_t*>(nullptr));
     } else if (g.offset_dtype() == at::kByte) {
-      run(off.mutable_data_ptr<uint8_t>());
+      run(o.offsets.mutable_data_ptr<uint8_t>());
     } else {
-      run(off.mutable_data_ptr<int32_t>());
+      run(o.offsets.mutable_data_ptr<int32_t>());
     }
   });
-  return {out, sel, off};
 }
 
-at::Tensor post_pool_cpu(const at::Tensor& input, const at::Tensor& multiplier, double negative_slope,
-                         at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-                         at::IntArrayRef dilation, bool ceil_mode, std::optional<double> negative_slope2) {
-  return std::get<0>(forward_cpu("fused::post_pool", false, input, multiplier, negative_slope, kernel_size, stride,
-                                 padding, dilation, ceil_mode, negative_slope2));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_with_offsets_cpu(
-    const at::Tensor& input, const at::Tensor& multiplier, double negative_slope, at::IntArrayRef kernel_size,
-    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
-    std::optional<double> negative_slope2) {
-  return forward_cpu("fused::post_pool_with_offsets", true, input, multiplier, negative_slope, kernel_size, stride,
-                     padding, dilation, ceil_mode, negative_slope2);
-}
-
-at::Tensor post_pool_bias_cpu(const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier,
-                              double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef stride,
-                              at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
-                              std::optional<double> negative_slope2) {
-  return std::get<0>(forward_cpu("fused::post_pool_bias", false, input, multiplier, negative_slope, kernel_size,
-                                 stride, padding, dilation, ceil_mode, negative_slope2, bias));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_with_offsets_cpu(
-    const at::Tensor& input, const at::Tensor& bias, const at::Tensor& multiplier, double negative_slope,
-    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-    bool ceil_mode, std::optional<double> negative_slope2) {
-  return forward_cpu("fused::post_pool_bias_with_offsets", true, input, multiplier, negative_slope, kernel_size,
-                     stride, padding, dilation, ceil_mode, negative_slope2, bias);
-}
+namespace {
 
 // ---- backward -----------------------------------------------------------------------------------------------
 
@@ -504,99 +455,48 @@ void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off,
   });
 }
 
-// Shared by post_pool_backward and post_pool_bias_backward; grad_bias is undefined without a bias.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
-    const char* op, const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-    const at::Tensor* bias, const at::Tensor& multiplier, double negative_slope,
-    std::optional<double> negative_slope2, at::IntArrayRef input_size, at::IntArrayRef kernel_size,
-    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
-  const PoolGeometry g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size,
-                                                       kernel_size, stride, padding, dilation, channels_last);
-  if (bias != nullptr) check_bias(op, *bias, g.C, grad_output.scalar_type(), grad_output.device());
-  check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
-  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
-  const double s1 = negative_slope, s2 = negative_slope2.value_or(negative_slope);
-  at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(fmt));
-  advise_huge_pages(grad_input);
-  const auto acc_dtype = at::toOpMathType(grad_output.scalar_type());
-  const auto acc_opts = grad_output.options().dtype(acc_dtype).memory_format(fmt);
-  at::Tensor contrib = at::empty(grad_output.sizes(), acc_opts);
-  at::Tensor contrib_bias = bias != nullptr ? at::empty(grad_output.sizes(), acc_opts) : at::Tensor();
-  advise_huge_pages(contrib);
-  advise_huge_pages(contrib_bias);
-  if (!g.empty()) {
-    const at::Tensor go = grad_output.contiguous(fmt), sel = selected.contiguous(fmt), off = offsets.contiguous(fmt);
-    const at::Tensor mflat = flat_multiplier(multiplier);
-    const at::Tensor bflat = bias != nullptr ? bias->contiguous() : at::Tensor();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "fused_post_pool_bwd_cpu", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      auto run = [&](const auto* off_ptr) {
-        const auto args = std::make_tuple(go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off_ptr,
-                                          mflat.const_data_ptr<scalar_t>(), mflat.numel() == 1 ? int64_t(0) : int64_t(1));
-        auto* gi = grad_input.mutable_data_ptr<scalar_t>();
-        auto* ct = contrib.mutable_data_ptr<acc_t>();
-        const scalar_t* bp = bflat.defined() ? bflat.const_data_ptr<scalar_t>() : nullptr;
-        acc_t* cb = contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr;
-        const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-          if (bp == nullptr && k2) {
-            if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-            std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
-            return;
-          }
-        }
-        std::apply([&](auto... a) {
-          if (channels_last) {
-            k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct, bp, cb)
-               : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct, bp, cb);
-          } else {
-            k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct, bp, cb)
-               : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct, bp, cb);
-          }
-        }, args);
-      };
-      if (off.scalar_type() == at::kByte) {
-        run(off.const_data_ptr<uint8_t>());
-      } else {
-        run(off.const_data_ptr<int32_t>());
-      }
-    });
-  } else if (contrib_bias.defined()) {
-    contrib_bias.zero_();
-  }
-  at::Tensor grad_bias = bias != nullptr ? reduce_grad_multiplier(contrib_bias, *bias) : at::Tensor();
-  return {grad_input, grad_bias, reduce_grad_multiplier(contrib, multiplier)};
-}
-
-std::tuple<at::Tensor, at::Tensor> post_pool_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
-    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool channels_last) {
-  auto r = backward_cpu("fused::post_pool_backward", grad_output, selected, offsets, nullptr, multiplier,
-                        negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
-                        channels_last);
-  return {std::get<0>(r), std::get<2>(r)};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> post_pool_bias_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets, const at::Tensor& bias,
-    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
-    at::IntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool channels_last) {
-  return backward_cpu("fused::post_pool_bias_backward", grad_output, selected, offsets, &bias, multiplier,
-                      negative_slope, negative_slope2, input_size, kernel_size, stride, padding, dilation,
-                      channels_last);
-}
-
 }  // namespace
-}  // namespace fused
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("post_pool", &fused::post_pool_cpu);
-  m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_cpu);
-  m.impl("post_pool_backward", &fused::post_pool_backward_cpu);
-  m.impl("post_pool_bias", &fused::post_pool_bias_cpu);
-  m.impl("post_pool_bias_with_offsets", &fused::post_pool_bias_with_offsets_cpu);
-  m.impl("post_pool_bias_backward", &fused::post_pool_bias_backward_cpu);
+ParamGrads launch_backward_cpu(const BackwardInputs& b, const at::Tensor& grad_input) {
+  const PoolGeometry& g = b.g;
+  const GradPartials parts = alloc_grad_partials(b);
+  const bool channels_last = b.format == at::MemoryFormat::ChannelsLast3d;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.grad_output.scalar_type(), "fused_post_pool_bwd_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    auto run = [&](const auto* off_ptr) {
+      const auto args = std::make_tuple(b.grad_output.const_data_ptr<scalar_t>(), b.selected.const_data_ptr<scalar_t>(),
+                                        off_ptr, b.multiplier_flat.const_data_ptr<scalar_t>(),
+                                        b.multiplier_flat.numel() == 1 ? int64_t(0) : int64_t(1));
+      auto* gi = grad_input.mutable_data_ptr<scalar_t>();
+      auto* ct = parts.multiplier.mutable_data_ptr<acc_t>();
+      const scalar_t* bp = b.bias_flat.defined() ? b.bias_flat.const_data_ptr<scalar_t>() : nullptr;
+      acc_t* cb = parts.bias.defined() ? parts.bias.mutable_data_ptr<acc_t>() : nullptr;
+      const double s1 = b.s1, s2 = b.s2;
+      const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
+      if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
+        if (bp == nullptr && k2) {
+          if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+          std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
+          return;
+        }
+      }
+      std::apply([&](auto... a) {
+        if (channels_last) {
+          k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+             : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct, bp, cb);
+        } else {
+          k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+             : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct, bp, cb);
+        }
+      }, args);
+    };
+    if (b.offsets.scalar_type() == at::kByte) {
+      run(b.offsets.const_data_ptr<uint8_t>());
+    } else {
+      run(b.offsets.const_data_ptr<int32_t>());
+    }
+  });
+  return reduce_grad_partials(parts, b);
 }
+
+}  // namespace fused

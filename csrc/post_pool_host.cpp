@@ -2,9 +2,12 @@
 // validated (so both devices raise the same exceptions with the same messages), the input layout decision, and
 // the final reduction of the multiplier gradient. torch_fused_ops/_geometry.py mirrors the checks for the fake
 // (meta) impls.
+#include "cpu_huge_pages.h"
 #include "post_pool.h"
+#include "post_pool_launchers.h"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -247,6 +250,26 @@ at::Tensor reduce_grad_multiplier(const at::Tensor& contrib, const at::Tensor& m
                                                 : contrib.sum(at::IntArrayRef({0, 2, 3, 4}));
   at::Tensor total = multiplier.numel() == 1 ? per_channel.sum() : per_channel;
   return total.reshape(multiplier.sizes()).to(multiplier.scalar_type()).contiguous();
+}
+
+GradPartials alloc_grad_partials(const BackwardInputs& b) {
+  const auto opts = b.grad_output.options().dtype(at::toOpMathType(b.grad_output.scalar_type()))
+                        .memory_format(b.format);
+  GradPartials p;
+  p.multiplier = at::empty(b.grad_output.sizes(), opts);
+  advise_huge_pages(p.multiplier);
+  if (b.bias.defined()) {
+    p.bias = at::empty(b.grad_output.sizes(), opts);
+    advise_huge_pages(p.bias);
+  }
+  return p;
+}
+
+ParamGrads reduce_grad_partials(const GradPartials& p, const BackwardInputs& b) {
+  ParamGrads r;
+  if (b.bias.defined()) r.bias = reduce_grad_multiplier(p.bias, b.bias);
+  r.multiplier = reduce_grad_multiplier(p.multiplier, b.multiplier);
+  return r;
 }
 
 }  // namespace fused

@@ -505,84 +505,77 @@ def test_backward_in_cuda_graph_cuda(layout):
         assert_bitwise_equal(static_out[1], alone[1], f"grad_multiplier, replay {i}")
 
 
-def _run_child(script, settings, *args):
-    """Runs `script` (python -c) in a child process with the environment variables `settings` added, tests/ and
-    `args` as its arguments: the backward's settings are read once per process. The child must print "ok" last."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", script, here, *map(str, args)], env=dict(os.environ, **settings),
-                       capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+def _tuned_backward(g, sel, off, bias, m, shape, channels_last, cl_items=0, dependent_launches=True,
+                    single_launch_sum=True):
+    """fused._post_pool_backward_tuned: the CUDA backward with explicit launch choices (the defaults are the
+    public ops'); returns (grad_input, grad_bias or None, grad_multiplier)."""
+    return torch.ops.fused._post_pool_backward_tuned(g, sel, off, bias, m, 0.2, None, list(shape), [2, 2, 2],
+                                                     [2, 2, 2], [0, 0, 0], [1, 1, 1], channels_last, cl_items,
+                                                     dependent_launches, single_launch_sum)
 
 
-_SETTINGS_CHILD = """
-import sys, torch, torch_fused_ops
-sys.path.insert(0, sys.argv[1])
-from fused_testing import make_input, make_multiplier
-from test_autograd import _backward_op
-out = []
 # Per-block partials (C=16) and, channels_last with C=24 / 48, per-pack partials summed by the single-launch form.
-cases = [(torch.float32, False, (4, 16, 32, 64, 64)), (torch.float32, True, (4, 16, 32, 64, 64)),
-         (torch.bfloat16, False, (16, 16, 32, 64, 64)), (torch.bfloat16, True, (16, 16, 32, 64, 64)),
-         (torch.float32, True, (4, 24, 32, 64, 64)), (torch.bfloat16, True, (4, 48, 32, 64, 64))]
-for dtype, cl, shape in cases:
+_SETTINGS_CASES = [(torch.float32, False, (4, 16, 32, 64, 64)), (torch.float32, True, (4, 16, 32, 64, 64)),
+                   (torch.bfloat16, False, (16, 16, 32, 64, 64)), (torch.bfloat16, True, (16, 16, 32, 64, 64)),
+                   (torch.float32, True, (4, 24, 32, 64, 64)), (torch.bfloat16, True, (4, 48, 32, 64, 64))]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's launch choices")
+@pytest.mark.parametrize("dtype,cl,shape", _SETTINGS_CASES, ids=lambda v: str(v).replace(" ", ""))
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_backward_launch_choices_cuda(dtype, cl, shape, bias):
+    # Plain launches against dependent ones (the default on Hopper), the two-pass per-channel sum against the
+    # single-launch form (the default where one pass does not suffice), through the private tuned op. Dependent
+    # launches change no bits; the single-launch sum adds in another order, so its multiplier and bias gradients
+    # agree to rounding and its grad_input is the same bits. The public ops use the defaults, bit for bit.
     C = shape[1]
     x = make_input(shape, dtype, "cuda", "channels_last" if cl else "contiguous", seed=31)
     m = make_multiplier("C111", C, dtype, "cuda")
-    b = torch.randn(C, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8))
-    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
-    _, sel_b, off_b = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
+    b = torch.randn(C, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(8)) if bias else None
+    if bias:
+        _, sel, off = torch.ops.fused.post_pool_bias_with_offsets(x, b, m, 0.2, [2, 2, 2])
+    else:
+        _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
     g = torch.randn(sel.shape, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(5))
     g = g.contiguous(memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
-    out.append([t.cpu() for t in _backward_op(g, sel, off, m, shape, cl)])
-    out.append([t.cpu() for t in torch.ops.fused.post_pool_bias_backward(
-        g, sel_b, off_b, b, m, 0.2, None, list(shape), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)])
-torch.save(out, sys.argv[2])
-print("ok")
-"""
+    results = {(pdl, fold): _tuned_backward(g, sel, off, b, m, shape, cl, 0, pdl, fold)
+               for pdl in (False, True) for fold in (False, True)}
+    if bias:
+        public = torch.ops.fused.post_pool_bias_backward(g, sel, off, b, m, 0.2, None, list(shape), [2, 2, 2],
+                                                         [2, 2, 2], [0, 0, 0], [1, 1, 1], cl)
+    else:
+        gi, gm = _backward_op(g, sel, off, m, shape, cl)
+        public = (gi, None, gm)
+    for k, (p_t, d_t) in enumerate(zip(public, results[True, True])):
+        assert (p_t is None) == (d_t is None) == (k == 1 and not bias)
+        if p_t is not None:
+            assert_bitwise_equal(d_t, p_t, f"tuned defaults against the public op, output {k}")
+    for fold in (False, True):
+        for k, (p_t, d_t) in enumerate(zip(results[False, fold], results[True, fold])):
+            if p_t is not None:
+                assert_bitwise_equal(d_t, p_t, f"fold {fold}, output {k}: plain against dependent launches")
+    two_pass, folded = results[True, False], results[True, True]
+    assert_bitwise_equal(folded[0], two_pass[0], "grad_input")
+    for k in (1, 2):  # grad_bias, grad_multiplier
+        if folded[k] is None:
+            continue
+        assert folded[k].shape == two_pass[k].shape and folded[k].dtype == two_pass[k].dtype
+        tol = dict(rtol=1e-5, atol=1e-3) if folded[k].dtype == torch.float32 else dict(rtol=1e-2, atol=1e-1)
+        torch.testing.assert_close(folded[k].double(), two_pass[k].double(), **tol)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA backward's launch settings")
-def test_backward_pdl_and_fold_settings_cuda(tmp_path):
-    # TORCH_FUSED_OPS_PDL=0 launches the backward's kernels plainly (1, the default: dependent launches on Hopper);
-    # TORCH_FUSED_OPS_BWD_FOLD=0 sums the per-channel partials in two passes where one does not suffice (1, the
-    # default: one launch whose last block folds the ranges). Both are read once per process, so each combination
-    # runs in a child. Dependent launches change no bits; the fold sums in another order, so its multiplier and
-    # bias gradients agree to rounding, and its grad_input is the same bits.
-    results = {}
-    for pdl in ("0", "1"):
-        for fold in ("0", "1"):
-            path = tmp_path / f"pdl{pdl}_fold{fold}.pt"
-            _run_child(_SETTINGS_CHILD, dict(TORCH_FUSED_OPS_PDL=pdl, TORCH_FUSED_OPS_BWD_FOLD=fold), path)
-            results[pdl, fold] = torch.load(path)
-    assert len(results["0", "0"]) == 12
-    for fold in ("0", "1"):
-        for i, (plain, dependent) in enumerate(zip(results["0", fold], results["1", fold])):
-            for k, (p_t, d_t) in enumerate(zip(plain, dependent)):
-                assert_bitwise_equal(d_t, p_t, f"fold {fold}, case {i}, output {k}")
-    for i, (kernels, folded) in enumerate(zip(results["1", "0"], results["1", "1"])):
-        assert_bitwise_equal(folded[0], kernels[0], f"grad_input, case {i}")
-        for k in range(1, len(folded)):  # grad_multiplier (and grad_bias)
-            assert folded[k].shape == kernels[k].shape and folded[k].dtype == kernels[k].dtype
-            tol = dict(rtol=1e-5, atol=1e-3) if folded[k].dtype == torch.float32 else dict(rtol=1e-2, atol=1e-1)
-            torch.testing.assert_close(folded[k].double(), kernels[k].double(), **tol)
-
-
-_ITEMS_CHILD = """
-import sys, torch, torch_fused_ops
-sys.path.insert(0, sys.argv[1])
-from fused_testing import GRAD_TOL_LOW, POOL_CONFIGS, assert_bitwise_equal, eager_grads, grad_multiplier_tol
-from fused_testing import make_input, make_multiplier
-from test_autograd import grad_output_for, op_grads
-for dtype in (torch.float32, torch.bfloat16):
-    x = make_input((3, 16, 6, 10, 14), dtype, "cuda", "channels_last", seed=52)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA channels_last backward's packs per thread")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("items", [1, 2, 4, 8])
+def test_channels_last_backward_items_cuda(items, dtype):
+    # Every number of packs per thread of the channels_last backward gives eager's gradients.
+    shape = (3, 16, 6, 10, 14)
+    x = make_input(shape, dtype, "cuda", "channels_last", seed=52)
     m = make_multiplier("C111", 16, dtype, "cuda")
     cfg = POOL_CONFIGS["k2s2"]
     g = grad_output_for(x, m, cfg, seed=6)
-    _, gx, gm = op_grads(x, m, g, cfg)
+    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+    gx, _, gm = _tuned_backward(g, sel, off, None, m, shape, True, items)
     _, gx_e, gm_e = eager_grads(x.double(), m.double(), g.double(), cfg)
     if dtype == torch.float32:
         assert_bitwise_equal(gx, eager_grads(x, m, g, cfg, 0.2, None)[1], "grad_input")
@@ -591,14 +584,12 @@ for dtype in (torch.float32, torch.bfloat16):
         tol = GRAD_TOL_LOW[dtype]
         torch.testing.assert_close(gx.double(), gx_e, **tol)
         torch.testing.assert_close(gm.double(), gm_e, rtol=tol["rtol"], atol=tol["atol"] * 10)
-print("ok")
-"""
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA channels_last backward's packs-per-thread setting")
-@pytest.mark.parametrize("items", ["1", "2", "4", "8", "3"])
-def test_channels_last_backward_items_setting_cuda(items):
-    # TORCH_FUSED_OPS_CL_BWD_ITEMS (read once per process, so a child process each) picks how many packs each
-    # thread of the channels_last backward takes; every value gives eager's gradients, and an unsupported one
-    # ("3") falls back to the default rather than failing.
-    _run_child(_ITEMS_CHILD, dict(TORCH_FUSED_OPS_CL_BWD_ITEMS=items))
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the private tuned backward is CUDA only")
+def test_tuned_backward_rejects_unsupported_items_cuda():
+    x = make_input((1, 16, 2, 2, 2), torch.float32, "cuda", "channels_last", seed=1)
+    m = make_multiplier("C111", 16, torch.float32, "cuda")
+    _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
+    with pytest.raises(ValueError, match="cl_items must be"):
+        _tuned_backward(torch.ones_like(sel), sel, off, None, m, x.shape, True, 3)

@@ -2,7 +2,9 @@
 
 The kernel records the advice as the "hg" flag of the output's memory mapping in /proc/self/smaps, whatever the
 system's THP mode, so this checks the request itself; the speed-up is in docs/performance.md (CPU, night).
-TORCH_FUSED_OPS_CPU_HUGE_PAGES=0, read once per process, turns the advice off: a child process checks that.
+The private op fused._set_cpu_huge_pages(False) turns the advice off (the package's settings module calls it from
+TORCH_FUSED_OPS_CPU_HUGE_PAGES). Each check runs in a fresh child process: the flags belong to the mapping, and a
+mapping advised by an earlier allocation in the same process (heap reuse) would keep them.
 """
 import os
 import subprocess
@@ -17,6 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 _CHILD = r"""
 import sys, torch, torch_fused_ops
+if sys.argv[1] == "off":
+    torch.ops.fused._set_cpu_huge_pages(False)
 
 def vm_flags(addr):
     # The VmFlags of the mapping that holds addr (/proc/self/smaps: a header line per mapping, then fields).
@@ -44,24 +48,22 @@ print("out", " ".join(vm_flags(out.data_ptr()) or ["?"]))
 """
 
 
-def _child(env_value):
+def _child(advice):
     env = dict(os.environ)
-    env.pop("TORCH_FUSED_OPS_CPU_HUGE_PAGES", None)
-    if env_value is not None:
-        env["TORCH_FUSED_OPS_CPU_HUGE_PAGES"] = env_value
-    r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True)
+    env.pop("TORCH_FUSED_OPS_CPU_HUGE_PAGES", None)  # the settings module may read it; these checks call the op
+    r = subprocess.run([sys.executable, "-c", _CHILD, advice], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     flags = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     return {k: v.split() for k, v in flags.items()}
 
 
 def test_large_cpu_output_is_advised_huge_pages():
-    flags = _child(None)
+    flags = _child("on")
     assert flags["gi"] != ["?"], "no mapping found for grad_input"
     assert "hg" in flags["gi"], f"grad_input's mapping lacks MADV_HUGEPAGE: {flags['gi']}"
 
 
 def test_huge_page_advice_can_be_turned_off():
-    flags = _child("0")
+    flags = _child("off")
     assert flags["gi"] != ["?"], "no mapping found for grad_input"
-    assert "hg" not in flags["gi"], f"TORCH_FUSED_OPS_CPU_HUGE_PAGES=0 still advised: {flags['gi']}"
+    assert "hg" not in flags["gi"], f"fused._set_cpu_huge_pages(False) still advised: {flags['gi']}"

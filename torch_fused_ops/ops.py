@@ -6,6 +6,10 @@ Ops (schemas in csrc/ops.cpp):
   fused::post_pool_backward      gradients of input and multiplier from those pooled-size tensors
   fused::post_pool_bias*         the same three with a per-channel bias added to the input first (the Inductor
                                  pass can fold a convolution's bias into them)
+Private ops (no fake impl, not for graphs):
+  fused::_post_pool_backward_tuned  the CUDA backward with launch choices other than the shipped ones (the sweep
+                                    benchmarks/post_pool_bwd_sweep.py and the tests comparing the forms)
+  fused::_set_cpu_huge_pages        whether the CPU kernels advise huge pages (the settings module calls it)
 
 Autograd: post_pool_with_offsets has a registered backward (post_pool_backward). post_pool's Autograd kernel
 routes calls that need gradients to post_pool_with_offsets, so training keeps only pooled-size tensors alive
@@ -23,12 +27,6 @@ from . import _geometry
 
 IntOr3 = int | Sequence[int]
 _ops = torch.ops.fused
-
-
-def _as_list(v: IntOr3 | None) -> list[int]:
-    if v is None:
-        return []
-    return [int(v)] if isinstance(v, int) else [int(x) for x in v]
 
 
 def post_pool(
@@ -59,9 +57,12 @@ def post_pool(
         double inputs) rounded once to the input dtype; float32 results equal the eager composite bit for bit.
         Differentiable in input and multiplier.
     """
+    op = "fused::post_pool"
     return _ops.post_pool(
-        input, multiplier, float(negative_slope), _as_list(kernel_size), _as_list(stride), _as_list(padding),
-        _as_list(dilation), bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
+        input, multiplier, float(negative_slope), _geometry.expand3(f"{op}: kernel_size", kernel_size),
+        [] if stride is None else _geometry.expand3(f"{op}: stride", stride, allow_empty_as=[]),
+        _geometry.expand3(f"{op}: padding", padding), _geometry.expand3(f"{op}: dilation", dilation),
+        bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
     )
 
 
