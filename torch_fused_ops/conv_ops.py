@@ -50,6 +50,7 @@ def conv_transpose3d_post_pool(
     ``torch.nn.functional.max_pool3d`` (``pool_stride`` None means ``kernel_size``); multiplier and slopes as
     ``torch_fused_ops.post_pool``. Differentiable in input, weight, bias and multiplier.
     """
+    _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
     e3 = _geometry.expand3
     return _ops.conv_transpose3d_post_pool(
         input, weight, bias, e3("stride", stride), e3("padding", padding), e3("output_padding", output_padding),
@@ -71,8 +72,35 @@ def _full_args(inputs):
     return inputs + _DEFAULTS[len(inputs) - 11:] if len(inputs) < 16 else inputs
 
 
+def _check_tensor_types(op, input, weight, bias, multiplier):
+    """A TypeError naming the argument for anything that is not a tensor (None reaches the kernels as an
+    undefined tensor, which would otherwise fail later with an unrelated message)."""
+    for name, t in (("input", input), ("weight", weight), ("multiplier", multiplier)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"{op}: bias must be a Tensor or None, got {type(bias).__name__}")
+
+
+def conv_memory_format(input, weight, bias, stride, padding, output_padding, groups, dilation):
+    """The memory format aten's transposed convolution gives its output for these arguments (and so the format
+    of the eager composite's result): the format of the backend it selects. cuDNN (CUDA): channels_last_3d when
+    the input or the weight is channels_last_3d, except in float64. CPU: the same where oneDNN runs, which depends
+    on dtype, sizes and the thread count; contiguous where the native kernel runs (float64, small batch-1 cases).
+    Sizes without a hint (unbacked) give contiguous, as torch's own fake convolution does."""
+    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
+
+    if not all(has_guarding_hint(v) for t in (input, weight) for v in t.shape):
+        return torch.contiguous_format
+    backend = torch._C._select_conv_backend(input, weight, bias, list(stride), list(padding), list(dilation), True,
+                                            list(output_padding), groups, None)
+    fmt = torch._C._conv_determine_backend_memory_format(input, weight, backend)
+    return torch.channels_last_3d if fmt == torch.channels_last_3d else torch.contiguous_format
+
+
 def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation):
     """Checks the convolution's arguments; returns (conv output size [N, Cout, Do, Ho, Wo], s, p, op, d)."""
+    _check_tensor_types(op, input, weight, bias, multiplier=input)
     if input.dim() != 5:
         raise ValueError(f"{op}: expected a 5-D input (N, C, D, H, W), got shape {list(input.shape)}")
     if weight.dim() != 5:
@@ -116,13 +144,15 @@ def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, gro
 def _output_meta(op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
                  kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode):
     """(pooled shape, memory format, conv output size, pool params), after every check the kernels make."""
-    ysize, *_ = _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation)
+    _check_tensor_types(op, input, weight, bias, multiplier)
+    ysize, s_, p_, o_, d_ = _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation)
     _geometry.check_tensors(op, ysize, input.dtype, input.device, multiplier)
     k, s, p, d = _geometry.pool_params(op, kernel_size, pool_stride, pool_padding, pool_dilation)
     pooled = [_geometry.pooled_size(ysize[2 + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(3)]
     torch._check_value(all(v >= 1 for v in pooled),
                        lambda: f"{op}: output size is too small: convolution output {ysize} gives pooled {pooled}")
-    return (ysize[0], ysize[1], *pooled), _geometry.output_memory_format(input), ysize, (k, s, p, d)
+    fmt = conv_memory_format(input, weight, bias, s_, p_, o_, groups, d_)
+    return (ysize[0], ysize[1], *pooled), fmt, ysize, (k, s, p, d)
 
 
 # ---- kernels ----------------------------------------------------------------------------------------------
@@ -150,10 +180,11 @@ def _forward(with_offsets, input, weight, bias, stride, padding, output_padding,
                 from . import _conv_triton_op
 
                 return _conv_triton_op.launch(input, weight, bias, m1, negative_slope, s2, list(output_padding),
-                                              torch.backends.cudnn.allow_tf32)
-            return tri.conv_transpose3d_post_pool_triton(
+                                              torch.backends.cudnn.allow_tf32).contiguous(memory_format=fmt)
+            res = tri.conv_transpose3d_post_pool_triton(
                 input, weight, bias, m1, negative_slope, s2, list(output_padding),
                 allow_tf32=torch.backends.cudnn.allow_tf32, with_offsets=with_offsets)
+            return tuple(t.contiguous(memory_format=fmt) for t in res)
     y = torch.ops.aten.convolution.default(input, weight, bias, list(stride), list(padding), list(dilation), True,
                                            list(output_padding), groups)
     if with_offsets:
@@ -212,8 +243,8 @@ def _setup_context(ctx, inputs, output):
     ctx.ysize = ysize
     ctx.pool = _geometry.pool_params(_OP, kernel_size, pool_stride, pool_padding, pool_dilation)
     ctx.slopes = (negative_slope, negative_slope2)
-    # The convolution's gradient in the layout aten's convolution backward prefers for this input.
-    ctx.channels_last = _geometry.output_memory_format(input) == torch.channels_last_3d
+    # The convolution output's gradient in the convolution output's own layout.
+    ctx.channels_last = conv_memory_format(input, weight, bias, s, p, o, groups, d) == torch.channels_last_3d
 
 
 def _backward(ctx, grad_out, _grad_selected, _grad_offsets):
