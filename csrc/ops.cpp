@@ -51,15 +51,16 @@ TORCH_LIBRARY(fused, m) {
       "-> (Tensor grad_input, Tensor grad_bias, Tensor grad_multiplier)",
       {at::Tag::pt2_compliant_tag});
   // post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...): the whole KernelBench chain. Kernels
-  // in Python (torch_fused_ops/conv_ops.py): a fused Triton kernel on CUDA where it applies, else the aten
-  // convolution followed by fused.post_pool.
+  // and autograd in C++ (csrc/conv_transpose3d_post_pool*.cpp): a fused CUDA kernel where it applies, else aten's
+  // convolution followed by fused.post_pool. The output takes the memory format aten's convolution gives.
   m.def(
       "conv_transpose3d_post_pool(Tensor input, Tensor weight, Tensor? bias, int[3] stride, int[3] padding, "
       "int[3] output_padding, int groups, int[3] dilation, Tensor multiplier, float negative_slope, "
       "int[3] kernel_size, int[3] pool_stride=[], int[3] pool_padding=0, int[3] pool_dilation=1, "
       "bool ceil_mode=False, float? negative_slope2=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
-  // Its training forward: also the selected convolution output (bias included) and window offset per output.
+  // Its training forward: also the selected convolution output (bias included) and window offset per output,
+  // all three at pooled size in the output's memory format.
   m.def(
       "conv_transpose3d_post_pool_with_offsets(Tensor input, Tensor weight, Tensor? bias, int[3] stride, "
       "int[3] padding, int[3] output_padding, int groups, int[3] dilation, Tensor multiplier, float negative_slope, "

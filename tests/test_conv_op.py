@@ -59,7 +59,7 @@ def test_forward_and_grads_float64(device, name, fmt):
     out = call(x, w, b, m, 0.2, 0.3, case)
     ref = reference(x, w, b, m, 0.2, 0.3, case)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    assert out.is_contiguous(memory_format=fmt)
+    assert out.stride() == ref.stride()  # the eager composite's layout (the convolution's memory-format rule)
     g = torch.randn_like(ref)
     got = torch.autograd.grad(out, leaves, g)
     want = torch.autograd.grad(ref, leaves, g)
@@ -153,6 +153,59 @@ def test_errors_are_clear():
         call(x, w, b, m[:2], 0.2, 0.2, case)
     with pytest.raises(ValueError, match="5-D"):
         call(x[0], w, b, m, 0.2, 0.2, case)
+
+
+def test_non_tensor_arguments_raise_type_error_naming_them():
+    case = CASES["kb"]
+    x, w, b, m = make(case, torch.float32, "cpu")
+    for i, name in ((0, "input"), (1, "weight"), (3, "multiplier")):
+        for bad in (None, 2.0, x.numpy()):
+            args = [x, w, b, m]
+            args[i] = bad
+            with pytest.raises(TypeError, match=f"{name} must be a Tensor"):
+                call(*args, 0.2, 0.2, case)
+    with pytest.raises(TypeError, match="bias must be a Tensor or None"):
+        call(x, w, 3, m, 0.2, 0.2, case)
+    # The op itself (None reaches the kernel as an undefined tensor), for both forms.
+    for op in (OPS.conv_transpose3d_post_pool, OPS.conv_transpose3d_post_pool_with_offsets):
+        for i, name in ((0, "input"), (1, "weight"), (8, "multiplier")):
+            args = list(_args(x, w, b, m, case))
+            args[i] = None
+            with pytest.raises(TypeError, match=f"{name} must be a Tensor"):
+                op(*args)
+
+
+LAYOUTS = {
+    "contig": lambda t: t,
+    "cl": lambda t: t.contiguous(memory_format=torch.channels_last_3d),
+    "strided": lambda t: t.transpose(3, 4).contiguous().transpose(3, 4),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("batch", [0, 1, 2, 16])
+@pytest.mark.parametrize("xl,wl", [("contig", "contig"), ("contig", "cl"), ("cl", "contig"), ("cl", "cl"),
+                                   ("strided", "cl"), ("cl", "strided")])
+@pytest.mark.parametrize("name", ["kb", "s1k2"])
+def test_output_layout_follows_the_convolution(device, dtype, batch, xl, wl, name):
+    # Eager conv_transpose3d picks its output's memory format from the backend it runs: cuDNN gives
+    # channels_last_3d when the input *or* the weight is channels_last_3d (not in float64); on CPU it depends on
+    # whether oneDNN runs (dtype, sizes, threads). The op, its training form and their fake impls follow the same
+    # rule, so they have the eager composite's strides.
+    case = CASES[name]
+    x, w, b, m = make(case, dtype, device, shape=(batch, 3, 4, 5))
+    x, w = LAYOUTS[xl](x), LAYOUTS[wl](w)
+    ref = reference(x, w, b, m, 0.2, 0.2, case)
+    args = _args(x, w, b, m, case)
+    outs = [OPS.conv_transpose3d_post_pool(*args), *OPS.conv_transpose3d_post_pool_with_offsets(*args)]
+    with FakeTensorMode() as mode:
+        fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fakes = [OPS.conv_transpose3d_post_pool(*fargs), *OPS.conv_transpose3d_post_pool_with_offsets(*fargs)]
+    for o in outs + fakes:
+        assert (o.shape, o.stride()) == (ref.shape, ref.stride())
+    if batch:
+        torch.testing.assert_close(outs[0], ref, **({} if dtype != torch.bfloat16 else dict(rtol=2e-2, atol=2e-2)))
 
 
 def _compile_code(model, x):

@@ -1,16 +1,18 @@
-"""fused::conv_transpose3d_post_pool[_with_offsets]: typed wrapper, kernels, fake impls and autograd.
+"""fused::conv_transpose3d_post_pool[_with_offsets]: typed wrapper and fake impls.
 
-The op is ``post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)``. Kernels (Python, for CPU
-and CUDA): on CUDA, where ``_conv_post_pool_triton.fused_path_applies`` (kernel 3, stride 2, padding 1, a 2x2x2
-pool, groups 1, half or float32), one Triton kernel computes the convolution at pooled resolution and never
-writes the full-resolution tensor; everywhere else the aten convolution followed by fused.post_pool.
-
-float32 follows PyTorch's TF32 switch for convolutions (``torch.backends.cudnn.allow_tf32``), as cuDNN does.
+The op is ``post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)``. Its kernels and autograd
+are C++ (csrc/conv_transpose3d_post_pool*.cpp): on CUDA, where the fused kernel applies (kernel 3, stride 2,
+padding 1, output_padding 0 or 1, groups 1, a 2x2x2 pool; float32, bfloat16 or float16), one kernel computes the
+convolution at pooled resolution and never writes the full-resolution tensor; everywhere else aten's convolution
+followed by fused.post_pool. float32 follows cuDNN's TF32 switch for convolutions, as aten's convolution does.
 
 Autograd: the training forward saves, per pooled output, the convolution output it selected (bias included)
 and its window offset, so backward rebuilds the sparse gradient of the convolution output with
 fused.post_pool_backward, then runs aten's convolution backward. No full-resolution tensor lives between the
 forward and the backward.
+
+The fake impls below run the same checks as the C++ kernels (same exception types and wording) and give the
+outputs the kernels' exact strides.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from torch import Tensor
 from . import _geometry
 
 IntOr3 = int | Sequence[int]
-_ops = torch.ops.fused
 _OP = "fused::conv_transpose3d_post_pool"
+# The overload itself: calling it skips the packet's overload resolution on every call.
+_CONV_OP = torch.ops.fused.conv_transpose3d_post_pool.default
 
 
 def conv_transpose3d_post_pool(
@@ -50,8 +53,9 @@ def conv_transpose3d_post_pool(
     ``torch.nn.functional.max_pool3d`` (``pool_stride`` None means ``kernel_size``); multiplier and slopes as
     ``torch_fused_ops.post_pool``. Differentiable in input, weight, bias and multiplier.
     """
+    _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
     e3 = _geometry.expand3
-    return _ops.conv_transpose3d_post_pool(
+    return _CONV_OP(
         input, weight, bias, e3("stride", stride), e3("padding", padding), e3("output_padding", output_padding),
         int(groups), e3("dilation", dilation), multiplier, float(negative_slope), e3("kernel_size", kernel_size),
         [] if pool_stride is None else e3("pool_stride", pool_stride), e3("pool_padding", pool_padding),
@@ -69,6 +73,32 @@ def _full_args(inputs):
     """The 16 schema arguments, defaults filled in (the dispatcher may drop trailing defaulted ones)."""
     inputs = tuple(inputs)
     return inputs + _DEFAULTS[len(inputs) - 11:] if len(inputs) < 16 else inputs
+
+
+def _check_tensor_types(op, input, weight, bias, multiplier):
+    """A TypeError naming the argument for anything that is not a tensor (None reaches the kernels as an
+    undefined tensor, which would otherwise fail later with an unrelated message)."""
+    for name, t in (("input", input), ("weight", weight), ("multiplier", multiplier)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {'None' if t is None else type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"{op}: bias must be a Tensor or None, got {type(bias).__name__}")
+
+
+def conv_memory_format(input, weight, bias, stride, padding, output_padding, groups, dilation):
+    """The memory format aten's transposed convolution gives its output for these arguments (and so the format
+    of the eager composite's result): the format of the backend it selects. cuDNN (CUDA): channels_last_3d when
+    the input or the weight is channels_last_3d, except in float64. CPU: the same where oneDNN runs, which depends
+    on dtype, sizes and the thread count; contiguous where the native kernel runs (float64, small batch-1 cases).
+    Sizes without a hint (unbacked) give contiguous, as torch's own fake convolution does."""
+    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
+
+    if not all(has_guarding_hint(v) for t in (input, weight) for v in t.shape):
+        return torch.contiguous_format
+    backend = torch._C._select_conv_backend(input, weight, bias, list(stride), list(padding), list(dilation), True,
+                                            list(output_padding), groups, None)
+    fmt = torch._C._conv_determine_backend_memory_format(input, weight, backend)
+    return torch.channels_last_3d if fmt == torch.channels_last_3d else torch.contiguous_format
 
 
 def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation):
@@ -116,65 +146,16 @@ def _conv_geometry(op, input, weight, bias, stride, padding, output_padding, gro
 def _output_meta(op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
                  kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode):
     """(pooled shape, memory format, conv output size, pool params), after every check the kernels make."""
-    ysize, *_ = _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation)
+    _check_tensor_types(op, input, weight, bias, multiplier)
+    ysize, s_, p_, o_, d_ = _conv_geometry(op, input, weight, bias, stride, padding, output_padding, groups, dilation)
     _geometry.check_tensors(op, ysize, input.dtype, input.device, multiplier)
     k, s, p, d = _geometry.pool_params(op, kernel_size, pool_stride, pool_padding, pool_dilation)
     pooled = [_geometry.pooled_size(ysize[2 + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(3)]
-    torch._check_value(all(v >= 1 for v in pooled),
-                       lambda: f"{op}: output size is too small: convolution output {ysize} gives pooled {pooled}")
-    return (ysize[0], ysize[1], *pooled), _geometry.output_memory_format(input), ysize, (k, s, p, d)
-
-
-# ---- kernels ----------------------------------------------------------------------------------------------
-
-def _triton_module():
-    from . import _conv_post_pool_triton
-
-    return _conv_post_pool_triton
-
-
-def _forward(with_offsets, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
-             negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2):
-    op = _OP + ("_with_offsets" if with_offsets else "")
-    shape, fmt, ysize, (k, s, p, d) = _output_meta(
-        op, input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, kernel_size,
-        pool_stride, pool_padding, pool_dilation, ceil_mode)
-    s2 = negative_slope if negative_slope2 is None else negative_slope2
-    if input.is_cuda and input.dtype in (torch.float16, torch.bfloat16, torch.float32):
-        tri = _triton_module()
-        if tri.fused_path_applies(input, weight, stride, padding, output_padding, groups, dilation, k, s, p, d,
-                                  ceil_mode):
-            m1 = multiplier.reshape(-1).expand(ysize[1]).contiguous()
-            if not with_offsets:
-                # Inference: the kernel choice per dtype shared with compiled graphs (see _conv_triton_op).
-                from . import _conv_triton_op
-
-                return _conv_triton_op.launch(input, weight, bias, m1, negative_slope, s2, list(output_padding),
-                                              torch.backends.cudnn.allow_tf32)
-            return tri.conv_transpose3d_post_pool_triton(
-                input, weight, bias, m1, negative_slope, s2, list(output_padding),
-                allow_tf32=torch.backends.cudnn.allow_tf32, with_offsets=with_offsets)
-    y = torch.ops.aten.convolution.default(input, weight, bias, list(stride), list(padding), list(dilation), True,
-                                           list(output_padding), groups)
-    if with_offsets:
-        res = _ops.post_pool_with_offsets(y, multiplier, negative_slope, k, s, p, d, ceil_mode, negative_slope2)
-        return tuple(t.contiguous(memory_format=fmt) for t in res)
-    return _ops.post_pool(y, multiplier, negative_slope, k, s, p, d, ceil_mode, negative_slope2).contiguous(
-        memory_format=fmt)
-
-
-def _impl(*args):
-    return _forward(False, *_full_args(args))
-
-
-def _impl_with_offsets(*args):
-    return _forward(True, *_full_args(args))
-
-
-_lib = torch.library.Library("fused", "IMPL")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("conv_transpose3d_post_pool", _impl, _key)
-    _lib.impl("conv_transpose3d_post_pool_with_offsets", _impl_with_offsets, _key)
+    torch._check_value(all(v >= 1 for v in pooled),  # post_pool's check, on the convolution output's size
+                       lambda: f"{op}: output size is too small: input {ysize} gives pooled size "
+                       f"{pooled[0]}x{pooled[1]}x{pooled[2]}")
+    fmt = conv_memory_format(input, weight, bias, s_, p_, o_, groups, d_)
+    return (ysize[0], ysize[1], *pooled), fmt, ysize, (k, s, p, d)
 
 
 # ---- fake impls ---------------------------------------------------------------------------------------------
@@ -198,53 +179,5 @@ torch.library.register_fake(_OP, lambda *args: _fake_forward(False, *_full_args(
 torch.library.register_fake(_OP + "_with_offsets", lambda *args: _fake_forward(True, *_full_args(args)))
 
 
-# ---- autograd -----------------------------------------------------------------------------------------------
-
-def _setup_context(ctx, inputs, output):
-    (input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
-     kernel_size, pool_stride, pool_padding, pool_dilation, _ceil_mode, negative_slope2) = _full_args(inputs)
-    _out, selected, offsets = output
-    ctx.mark_non_differentiable(selected, offsets)
-    ctx.save_for_backward(input, weight, multiplier, selected, offsets)
-    ysize, s, p, o, d = _conv_geometry(_OP, input, weight, bias, stride, padding, output_padding, groups, dilation)
-    ctx.conv = (s, p, o, d, groups)
-    ctx.bias_sizes = None if bias is None else list(bias.shape)
-    ctx.ysize = ysize
-    ctx.pool = _geometry.pool_params(_OP, kernel_size, pool_stride, pool_padding, pool_dilation)
-    ctx.slopes = (negative_slope, negative_slope2)
-    # The convolution's gradient in the layout aten's convolution backward prefers for this input.
-    ctx.channels_last = _geometry.output_memory_format(input) == torch.channels_last_3d
-
-
-def _backward(ctx, grad_out, _grad_selected, _grad_offsets):
-    input, weight, multiplier, selected, offsets = ctx.saved_tensors
-    k, ps, pp, pd = ctx.pool
-    s, p, o, d, groups = ctx.conv
-    grad_y, grad_multiplier = _ops.post_pool_backward(
-        grad_out, selected, offsets, multiplier, ctx.slopes[0], ctx.slopes[1], ctx.ysize, k, ps, pp, pd,
-        ctx.channels_last)
-    needs = ctx.needs_input_grad
-    mask = [needs[0], needs[1], needs[2] and ctx.bias_sizes is not None]
-    grad_input = grad_weight = grad_bias = None
-    if any(mask):
-        grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward.default(
-            grad_y, input, weight, ctx.bias_sizes, s, p, d, True, o, groups, mask)
-    return (grad_input if mask[0] else None, grad_weight if mask[1] else None, grad_bias if mask[2] else None,
-            None, None, None, None, None, grad_multiplier if needs[8] else None,
-            None, None, None, None, None, None, None)
-
-
-torch.library.register_autograd(_OP + "_with_offsets", _backward, setup_context=_setup_context)
-
-
-def _autograd(*args, **kwargs):
-    # As post_pool: calls that need a gradient run the training forward, whose autograd saves pooled-size tensors.
-    input, weight, bias, multiplier = args[0], args[1], args[2], args[8]
-    wants = any(t is not None and t.requires_grad for t in (input, weight, bias, multiplier))
-    if torch.is_grad_enabled() and wants:
-        return _ops.conv_transpose3d_post_pool_with_offsets.default(*args, **kwargs)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        return _ops.conv_transpose3d_post_pool.default(*args, **kwargs)
-
-
-_lib.impl("conv_transpose3d_post_pool", _autograd, "Autograd")
+# Kernels (CPU, CUDA) and autograd are C++: csrc/conv_transpose3d_post_pool.cpp and
+# csrc/conv_transpose3d_post_pool_autograd.cpp. The checks above mirror csrc/conv_transpose3d_post_pool_checks.cpp.
