@@ -65,8 +65,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph, Node
 
 from . import _conv_coverage, _pass_nodes, pass_config
-from ._pass_nodes import (_CONV_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step, _pool, _single_user,
-                          _slope, _val)
+from ._pass_nodes import (_CONV_SIGS, _CONV_TRANSPOSE3D_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step,
+                          _pool, _single_user, _slope, _val)
 
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
@@ -160,13 +160,14 @@ def _match(pool_node: Node, cfg: pass_config.PassConfig) -> Match | None:
 def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv | None:
     """The conv_transpose3d producing the chain's input, if it joins the fused op (see PassConfig)."""
     x = match.x
-    if cfg.fuse_conv_transpose == "off" or x.op != "call_function" or x.target is not torch.conv_transpose3d:
+    if cfg.fuse_conv_transpose == "off" or x.op != "call_function" or x.target not in _CONV_TRANSPOSE3D_SIGS:
         return None
     if len(x.users) != 1:
         return None
-    b = _bind(x, _CONV_SIGS[x.target], {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
-                                        "dilation": 1})
-    if b is None or not isinstance(b["input"], Node) or not isinstance(b["weight"], Node):
+    b = _bind(x, _CONV_SIGS[x.target], _CONV_TRANSPOSE3D_SIGS[x.target])
+    if b is None or any(n not in b for n in _CONV_SIGS[x.target]):
+        return None
+    if not isinstance(b["input"], Node) or not isinstance(b["weight"], Node) or b.get("transposed", True) is not True:
         return None
     if b["bias"] is not None and not isinstance(b["bias"], Node):
         return None
@@ -178,6 +179,8 @@ def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv 
     xv, wv, conv_out = _val(b["input"]), _val(b["weight"]), _val(x)
     bv = _val(b["bias"]) if b["bias"] is not None else None
     if not all(isinstance(t, torch.Tensor) for t in (xv, wv, conv_out)) or not cfg.fuses_conv_on(xv.device.type):
+        return None
+    if xv.dim() != 5 or wv.dim() != 5:  # aten.convolution of another rank
         return None
     if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != xv.dtype or t.device != xv.device)
            for t in (wv, bv)):
