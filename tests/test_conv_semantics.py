@@ -67,10 +67,7 @@ def args(x, w, b, m, s1, s2, op=(1, 1, 1), ceil=False):
 
 def call(*a, offsets=False, **kw):
     op = OPS.conv_transpose3d_post_pool_with_offsets if offsets else OPS.conv_transpose3d_post_pool
-    out = op(*args(*a, **kw))
-    if not offsets and out.is_cuda:
-        torch.cuda.synchronize()
-    return out
+    return op(*args(*a, **kw))
 
 
 def chain(y, m, s1, s2, ceil=False):
