@@ -118,19 +118,23 @@ def test_conv_route_matches_exported_aten_graph(decompose, setting, want):
 
 
 @pytest.mark.slow
-def test_aoti_package_with_the_conv_route(tmp_path):
-    # An AOTInductor package whose graph calls fused.conv_transpose3d_post_pool (routed with "always": the
-    # machine may have no GPU; the op runs its composite on CPU) computes what eager does.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_aoti_package_with_the_conv_route(tmp_path, device):
+    # An AOTInductor package whose graph calls fused.conv_transpose3d_post_pool computes what eager does: on CUDA
+    # through the default setting (the fused kernel), on CPU routed with "always" (the op's composite).
     from torch_fused_ops import pass_config
 
     model, x = conv_model()
+    model, x = model.to(device), x.to(device)
     ep = torch.export.export(model, (x,))
-    with pass_config.patch(fuse_conv_transpose="always", fold_conv_bias="off"):
+    setting = "cuda" if device == "cuda" else "always"
+    with pass_config.patch(fuse_conv_transpose=setting, fold_conv_bias="off"):
         before = torch_fused_ops.matched_count()
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "conv.pt2"))
         matched = torch_fused_ops.matched_count() - before
     loaded = torch._inductor.aoti_load_package(path)
-    with torch.no_grad():
-        assert_matches_eager(loaded(x), model(x), msg="AOTInductor package, conv route")
+    with torch.no_grad():  # (float32 without TF32: the isolated-inductor fixture)
+        assert_matches_eager(loaded(x), model(x), msg=f"AOTInductor package, conv route, {device}")
     if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14):
         assert matched >= 1, "AOTInductor did not route the exported chain"
