@@ -53,7 +53,9 @@ def conv_transpose3d_post_pool(
     ``torch.nn.functional.max_pool3d`` (``pool_stride`` None means ``kernel_size``); multiplier and slopes as
     ``torch_fused_ops.post_pool``. Differentiable in input, weight, bias and multiplier.
     """
-    _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
+    if not (isinstance(input, Tensor) and isinstance(weight, Tensor) and isinstance(multiplier, Tensor)
+            and (bias is None or isinstance(bias, Tensor))):  # one expression: this runs on every call
+        _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
     e3 = _geometry.expand3
     return _CONV_OP(
         input, weight, bias, e3("stride", stride), e3("padding", padding), e3("output_padding", output_padding),
