@@ -161,3 +161,35 @@ def test_library_modules_do_not_import_the_package_back():
             elif isinstance(node, ast.Import) and any(a.name == "torch_fused_ops" for a in node.names):
                 offenders.append(f"{name}: import torch_fused_ops")
     assert not offenders, offenders
+
+
+def test_package_does_not_import_triton():
+    # The fused convolution is C++/CUDA: no module of the package imports Triton (Inductor's own Triton kernels
+    # are Inductor's business).
+    offenders = []
+    for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{os.path.basename(path)}: {n}" for n in names if n.split(".")[0] == "triton"]
+    assert not offenders, offenders
+
+
+def test_uuid_hashes_the_modules_the_rewrite_depends_on(monkeypatch):
+    # Compiled graphs bake in the pass's rewrite, the conv route's coverage check and the fake impls' strides: the
+    # cache key must change with the source of each of those modules.
+    import inspect
+
+    hashed = []
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: (hashed.append(getattr(obj, "__name__", "")), real(obj))[1])
+    fusion_pass._source_digest.cache_clear()
+    try:
+        fusion_pass._source_digest()
+    finally:
+        fusion_pass._source_digest.cache_clear()
+    want = {f"torch_fused_ops.{m}" for m in ("fusion_pass", "_pass_nodes", "pass_config", "_conv_coverage", "ops",
+                                             "_geometry", "conv_ops")}
+    assert want <= set(hashed), want - set(hashed)
