@@ -11,7 +11,7 @@
 #             static libstdc++, as /opt/gcc on one GPU image, broke the extension's error messages: README,
 #             Troubleshooting); TORCH_CUDA_ARCH_LIST defaults to 9.0 (the H200), which halves the build time.
 #   tests     the whole suite as concurrent pytest shards sharing the GPU (nothing in them is timed): the slow
-#             Triton and torch.compile files whole, each group in its own shard (HEAVY below), and every other
+#             torch.compile files whole, each group in its own shard (HEAVY below), and every other
 #             file with -k cuda in one more shard (a new test file lands there by itself; -k matches the module
 #             name too, so a file named *cuda* runs whole). One shard per GPU when there are several.
 #             TESTS="tests/a.py tests/b.py::test_x": only that selection, one pytest process, instead of the shards.
@@ -45,11 +45,10 @@ cd "$(dirname "$0")/.."
 # The slow files, each group one shard, run whole (CPU cases included). Files that do not exist are dropped, so
 # retiring a file needs no edit here; a new slow file joins a group (or becomes one) on its line.
 HEAVY=(
-  "tests/test_conv_post_pool_triton.py"
-  "tests/test_conv_phase_gemm.py tests/test_conv_infer_op.py"
-  "tests/test_conv_op.py tests/test_conv_mutation_analysis.py tests/test_pass_e2e.py tests/test_compile_smoke.py"
+  "tests/test_conv_op.py tests/test_pass_e2e.py tests/test_compile_smoke.py"
+  "tests/test_pass_conv_route.py"
 )
-# Workers per shard when pytest-xdist is installed (the Triton files' time is kernel compilation, on the CPU).
+# Workers per shard when pytest-xdist is installed (the heavy files' time is compilation, on the CPU).
 XDIST_HEAVY=3
 XDIST_REST=6
 

@@ -80,3 +80,61 @@ def test_rewrite_matches_exported_aten_graph(decompose):
     with torch.no_grad():
         ep_out = ep.module()(x)
         assert_matches_eager(ep_out, model(x), msg="rewritten exported program")
+
+
+CONV_TARGET = torch.ops.fused.conv_transpose3d_post_pool.default
+
+
+def conv_model():
+    torch.manual_seed(0)
+    return ConvTransposeLeakyMulLeakyPool(4, 6, multiplier_shape=(6, 1, 1, 1)).eval(), \
+        make_input((2, 4, 2, 3, 4), seed=82)
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["as_exported", "run_decompositions"])
+@pytest.mark.parametrize("setting,want", [("always", "conv"), ("cuda", "post_pool")])
+def test_conv_route_matches_exported_aten_graph(decompose, setting, want):
+    # The exported spellings of the convolution (aten.conv_transpose3d.input; aten.convolution with
+    # transposed=True after run_decompositions) join the chain like Dynamo's torch.conv_transpose3d. The graph is
+    # on CPU: "cuda" leaves the convolution alone there, "always" routes it (the op runs its composite).
+    from torch_fused_ops import pass_config
+
+    model, x = conv_model()
+    ep = torch.export.export(model, (x,))
+    if decompose:
+        ep = ep.run_decompositions()
+    gm = ep.graph_module
+    with pass_config.patch(fuse_conv_transpose=setting, fold_conv_bias="off"):
+        assert torch_fused_ops.fusion_pass.rewrite(gm.graph) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    convs = [t for t in targets if "conv" in str(t) and "post_pool" not in str(t)]
+    if want == "conv":
+        assert CONV_TARGET in targets and not convs, targets
+    else:
+        assert FUSED in targets and len(convs) == 1, targets
+    gm.recompile()
+    with torch.no_grad():
+        assert_matches_eager(ep.module()(x), model(x), msg="rewritten exported program")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_aoti_package_with_the_conv_route(tmp_path, device):
+    # An AOTInductor package whose graph calls fused.conv_transpose3d_post_pool computes what eager does: on CUDA
+    # through the default setting (the fused kernel), on CPU routed with "always" (the op's composite).
+    from torch_fused_ops import pass_config
+
+    model, x = conv_model()
+    model, x = model.to(device), x.to(device)
+    ep = torch.export.export(model, (x,))
+    setting = "cuda" if device == "cuda" else "always"
+    with pass_config.patch(fuse_conv_transpose=setting, fold_conv_bias="off"):
+        before = torch_fused_ops.matched_count()
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "conv.pt2"))
+        matched = torch_fused_ops.matched_count() - before
+    loaded = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():  # (float32 without TF32: the isolated-inductor fixture)
+        assert_matches_eager(loaded(x), model(x), msg=f"AOTInductor package, conv route, {device}")
+    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14):
+        assert matched >= 1, "AOTInductor did not route the exported chain"

@@ -378,8 +378,8 @@ class ConvPartial(nn.Module):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("form", ["mul_leaky", "leaky"])
 def test_cuda_partial_forms_join_the_fused_convolution(form):
-    # CUDA inference: the partial chain joins the convolution in the triton_op (strict float32: the isolated
-    # inductor fixture turns TF32 off), compared with eager float64.
+    # CUDA inference: the partial chain joins the convolution in fused.conv_transpose3d_post_pool (strict float32:
+    # the isolated inductor fixture turns TF32 off), compared with eager float64.
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
@@ -393,7 +393,7 @@ def test_cuda_partial_forms_join_the_fused_convolution(form):
         out, code = run_and_get_code(torch.compile(model), x)
     code = "\n".join(code)
     assert torch_fused_ops.matched_count() - before == 1
-    assert "extern_kernels.convolution(" not in code and "_conv_t3d_pool" in code
+    assert "extern_kernels.convolution(" not in code and "conv_transpose3d_post_pool" in code
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -401,9 +401,9 @@ def test_cuda_partial_forms_join_the_fused_convolution(form):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("conv_in_training", [False, True])
 def test_cuda_partial_form_training_routes(conv_in_training):
-    # Training: cuDNN's convolution + fused.post_pool(_bias) by default; the public fused op with
-    # conv_in_training. Gradients against eager's (TF32 off), by relative norm: the fused op's convolution rounds
-    # differently from cuDNN's, and a near-tied window may then select another element.
+    # Training: the fused op by default (conv_in_training); cuDNN's convolution + fused.post_pool(_bias) without
+    # it. Gradients against eager's (TF32 off), by relative norm: the fused op's convolution rounds differently
+    # from cuDNN's, and a near-tied window may then select another element.
     torch.manual_seed(0)
     model = ConvPartial("mul_leaky").cuda()
     x = torch.randn(2, 16, 4, 6, 6, device="cuda", requires_grad=True)

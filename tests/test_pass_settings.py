@@ -2,6 +2,7 @@
 settings module for environment variables (envs.py)."""
 
 import ast
+import dataclasses
 import glob
 import os
 import warnings
@@ -17,13 +18,14 @@ PKG = os.path.dirname(torch_fused_ops.__file__)
 
 
 def test_defaults_are_the_tuned_behaviour():
-    assert PassConfig() == PassConfig(fold_conv_bias="cuda", fuse_conv_transpose="cuda",
-                                      conv_inference_op="triton_op", conv_in_training=False, partial_chains=True)
+    assert PassConfig() == PassConfig(fold_conv_bias="cuda", fuse_conv_transpose="cuda", conv_in_training=True,
+                                      partial_chains=True)
+    assert [f.name for f in dataclasses.fields(PassConfig)] == ["fold_conv_bias", "fuse_conv_transpose",
+                                                                "conv_in_training", "partial_chains"]
 
 
 @pytest.mark.parametrize("field,bad,exc", [("fold_conv_bias", "gpu", ValueError),
                                            ("fuse_conv_transpose", True, ValueError),
-                                           ("conv_inference_op", "cpp", ValueError),
                                            ("conv_in_training", 1, TypeError),
                                            ("partial_chains", "yes", TypeError)])
 def test_invalid_values_raise_naming_the_field(field, bad, exc):
@@ -34,7 +36,7 @@ def test_invalid_values_raise_naming_the_field(field, bad, exc):
 
 
 CHANGES = [dict(fold_conv_bias="off"), dict(fold_conv_bias="always"), dict(fuse_conv_transpose="off"),
-           dict(fuse_conv_transpose="always"), dict(conv_inference_op="public"), dict(conv_in_training=True),
+           dict(fuse_conv_transpose="always"), dict(conv_in_training=False),
            dict(partial_chains=False)]
 
 
@@ -60,8 +62,8 @@ def test_patch_restores_also_on_error_and_nests():
     with pytest.raises(RuntimeError):
         with pass_config.patch(fuse_conv_transpose="off") as cfg:
             assert pass_config.current() is cfg and cfg.fuse_conv_transpose == "off"
-            with pass_config.patch(conv_in_training=True):
-                assert pass_config.current() == cfg.replace(conv_in_training=True)
+            with pass_config.patch(conv_in_training=False):
+                assert pass_config.current() == cfg.replace(conv_in_training=False)
             assert pass_config.current() is cfg
             raise RuntimeError
     assert pass_config.current() is before
@@ -94,18 +96,21 @@ def test_legacy_module_switches_read_and_write_the_config(monkeypatch):
     before = pass_config.current()
     assert fusion_pass.FOLD_CONV_BIAS == before.fold_conv_bias
     assert fusion_pass.FUSE_CONV_TRANSPOSE == before.fuse_conv_transpose
-    with pass_config.patch(PassConfig()):
+    with pass_config.patch(PassConfig(conv_in_training=False)):
         with pytest.warns(DeprecationWarning, match="pass_config.patch"):
             monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "always")
-        # "always" meant every graph, training included, on the public op
-        assert pass_config.current() == PassConfig(fuse_conv_transpose="always", conv_in_training=True,
-                                                   conv_inference_op="public")
+        # the strings send training graphs to the fused op too
+        assert pass_config.current() == PassConfig(fuse_conv_transpose="always", conv_in_training=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             monkeypatch.setattr(fusion_pass, "FOLD_CONV_BIAS", "off")
             assert pass_config.current().fold_conv_bias == "off"
             monkeypatch.undo()
         assert pass_config.current() == PassConfig()
+    with pass_config.patch(PassConfig()), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        fusion_pass.FUSE_CONV_TRANSPOSE = "off"
+        assert pass_config.current() == PassConfig(fuse_conv_transpose="off")
     assert pass_config.current() is before
 
 
@@ -113,7 +118,6 @@ def test_legacy_module_switches_read_and_write_the_config(monkeypatch):
 
 @pytest.mark.parametrize("name,values", [
     ("TORCH_FUSED_OPS_DISABLE", {None: False, "": False, "0": False, "1": True, "yes": True}),
-    ("TORCH_FUSED_OPS_TRITON_AUTOTUNE", {None: False, "0": False, "1": True, "yes": False}),
     ("TORCH_FUSED_OPS_CPU_HUGE_PAGES", {None: True, "0": False, "1": True, "": True}),
 ])
 def test_envs_parse_each_variable_as_documented(monkeypatch, name, values):
@@ -139,13 +143,13 @@ def test_envs_lists_build_time_variables_and_rejects_unknown_names():
 
 
 def test_library_modules_do_not_import_the_package_back():
-    # __init__ imports them; importing __init__ (or a name defined there) back would be a cycle. The bench and
+    # __init__ imports them; importing __init__ (or a name defined there) back would be a cycle. The benches and
     # the demo are entry points that use the public package, so they are not checked.
     submodules = {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(PKG, "*.py"))} | {"_C"}
     offenders = []
     for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
         name = os.path.basename(path)[:-3]
-        if name in ("__init__", "bench", "demo"):
+        if name in ("__init__", "bench", "bench_conv", "demo"):
             continue
         with open(path) as f:
             tree = ast.parse(f.read())
@@ -157,3 +161,35 @@ def test_library_modules_do_not_import_the_package_back():
             elif isinstance(node, ast.Import) and any(a.name == "torch_fused_ops" for a in node.names):
                 offenders.append(f"{name}: import torch_fused_ops")
     assert not offenders, offenders
+
+
+def test_package_does_not_import_triton():
+    # The fused convolution is C++/CUDA: no module of the package imports Triton (Inductor's own Triton kernels
+    # are Inductor's business).
+    offenders = []
+    for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{os.path.basename(path)}: {n}" for n in names if n.split(".")[0] == "triton"]
+    assert not offenders, offenders
+
+
+def test_uuid_hashes_the_modules_the_rewrite_depends_on(monkeypatch):
+    # Compiled graphs bake in the pass's rewrite, the conv route's coverage check and the fake impls' strides: the
+    # cache key must change with the source of each of those modules.
+    import inspect
+
+    hashed = []
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: (hashed.append(getattr(obj, "__name__", "")), real(obj))[1])
+    fusion_pass._source_digest.cache_clear()
+    try:
+        fusion_pass._source_digest()
+    finally:
+        fusion_pass._source_digest.cache_clear()
+    want = {f"torch_fused_ops.{m}" for m in ("fusion_pass", "_pass_nodes", "pass_config", "_conv_coverage", "ops",
+                                             "_geometry", "conv_ops")}
+    assert want <= set(hashed), want - set(hashed)

@@ -15,10 +15,26 @@ from ._geometry import expand3
 
 aten = torch.ops.aten
 
-# Convolutions whose bias can be folded: (bias position, parameter names).
+# Convolutions whose bias can be folded, by their parameter names (bias third in each), in Dynamo's spelling and
+# in the ATen spelling of exported programs (as exported, and after run_decompositions: aten.convolution).
+_CONV_TRANSPOSE3D_PARAMS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+_CONV3D_PARAMS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_SIGS = {
-    torch.conv_transpose3d: ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
-    torch.conv3d: ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+    torch.conv_transpose3d: _CONV_TRANSPOSE3D_PARAMS,
+    aten.conv_transpose3d.input: _CONV_TRANSPOSE3D_PARAMS,
+    torch.conv3d: _CONV3D_PARAMS,
+    aten.conv3d.default: _CONV3D_PARAMS,
+    aten.convolution.default: ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",
+                               "output_padding", "groups"),
+}
+# Those that may be a 3-D transposed convolution (aten.convolution when its `transposed` is True and the weight
+# 5-D), with their defaults.
+_CONV_TRANSPOSE3D_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
+                              "dilation": 1}
+_CONV_TRANSPOSE3D_SIGS = {
+    torch.conv_transpose3d: _CONV_TRANSPOSE3D_DEFAULTS,
+    aten.conv_transpose3d.input: _CONV_TRANSPOSE3D_DEFAULTS,
+    aten.convolution.default: {},
 }
 
 # (target, positional parameter names, defaults, in place?)

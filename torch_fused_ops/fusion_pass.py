@@ -42,8 +42,11 @@ may still be fused):
   (not a graph input, not a view, not another in-place op's output).
 
 Conv routes. The convolution feeding a chain (full or partial) can fold its bias into fused.post_pool_bias
-(``fold_conv_bias``) or, for conv_transpose3d, join the op (``fuse_conv_transpose``, ``conv_inference_op``,
-``conv_in_training``: see PassConfig).
+(``fold_conv_bias``) or, for conv_transpose3d, join the chain in fused.conv_transpose3d_post_pool, inference and
+training graphs alike (``fuse_conv_transpose``, ``conv_in_training``: see PassConfig). Its default, "cuda", takes
+that route where the op's fused CUDA kernel computes the call (``_conv_coverage.fused_kernel_applies``, decided on
+the graph's fake tensors: a size it cannot prove without a guard means "not this route"). A partial chain joins
+with the missing steps as identities (unit multiplier, slopes 1.0), as for post_pool.
 """
 from __future__ import annotations
 
@@ -61,9 +64,9 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph, Node
 
-from . import _pass_nodes, pass_config
-from ._pass_nodes import (_CONV_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step, _pool, _single_user,
-                          _slope, _val)
+from . import _conv_coverage, _pass_nodes, pass_config
+from ._pass_nodes import (_CONV_SIGS, _CONV_TRANSPOSE3D_SIGS, _bind, _input_ok, _ints3, _known, _leaky, _mul_step,
+                          _pool, _single_user, _slope, _val)
 
 aten = torch.ops.aten
 _FUSED = torch.ops.fused.post_pool.default
@@ -82,7 +85,6 @@ class _Conv:
     output_padding: list[int]
     groups: int
     dilation: list[int]
-    triton_op: bool  # inference on the fused Triton path: call fused.conv_transpose3d_post_pool_infer
 
 
 @dataclasses.dataclass
@@ -155,25 +157,17 @@ def _match(pool_node: Node, cfg: pass_config.PassConfig) -> Match | None:
     return match
 
 
-def _fused_path_applies(xv, wv, conv: tuple, match: Match) -> bool:
-    try:
-        from . import _conv_post_pool_triton as tri
-    except ImportError:  # no Triton: no fused kernel
-        return False
-    k, st, pad, dil, ceil = match.pool
-    return tri.fused_path_applies(xv, wv, *conv, k, st if st else k, pad, dil, ceil)
-
-
 def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv | None:
     """The conv_transpose3d producing the chain's input, if it joins the fused op (see PassConfig)."""
     x = match.x
-    if cfg.fuse_conv_transpose == "off" or x.op != "call_function" or x.target is not torch.conv_transpose3d:
+    if cfg.fuse_conv_transpose == "off" or x.op != "call_function" or x.target not in _CONV_TRANSPOSE3D_SIGS:
         return None
     if len(x.users) != 1:
         return None
-    b = _bind(x, _CONV_SIGS[x.target], {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
-                                        "dilation": 1})
-    if b is None or not isinstance(b["input"], Node) or not isinstance(b["weight"], Node):
+    b = _bind(x, _CONV_SIGS[x.target], _CONV_TRANSPOSE3D_SIGS[x.target])
+    if b is None or any(n not in b for n in _CONV_SIGS[x.target]):
+        return None
+    if not isinstance(b["input"], Node) or not isinstance(b["weight"], Node) or b.get("transposed", True) is not True:
         return None
     if b["bias"] is not None and not isinstance(b["bias"], Node):
         return None
@@ -186,6 +180,8 @@ def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv 
     bv = _val(b["bias"]) if b["bias"] is not None else None
     if not all(isinstance(t, torch.Tensor) for t in (xv, wv, conv_out)) or not cfg.fuses_conv_on(xv.device.type):
         return None
+    if xv.dim() != 5 or wv.dim() != 5:  # aten.convolution of another rank
+        return None
     if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != xv.dtype or t.device != xv.device)
            for t in (wv, bv)):
         return None
@@ -194,13 +190,10 @@ def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> _Conv 
     training = conv_out.requires_grad
     if training and not cfg.conv_in_training:
         return None
-    applies = _fused_path_applies(xv, wv, (stride, padding, output_padding, groups, dilation), match)
-    if cfg.fuse_conv_transpose == "cuda" and not applies:
+    if cfg.fuse_conv_transpose == "cuda" and not _conv_coverage.fused_kernel_applies(
+            xv, wv, stride, padding, output_padding, groups, dilation, *match.pool):
         return None
-    numeric = all(isinstance(s, float) for s in (match.s1, match.s2))
-    triton_op = applies and not training and numeric and cfg.conv_inference_op == "triton_op"
-    return _Conv(b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation,
-                 triton_op)
+    return _Conv(b["input"], b["weight"], b["bias"], stride, padding, output_padding, groups, dilation)
 
 
 def _foldable_conv_bias(x: Node, cfg: pass_config.PassConfig) -> Node | None:
@@ -256,13 +249,6 @@ def _emit(graph: Graph, match: Match) -> Node:
     second = None if (s2 is s1 or (isinstance(s1, float) and s1 == s2)) else s2
     k, st, pad, dil, ceil = match.pool
     c = match.conv
-    if c is not None and c.triton_op:
-        # TF32 is decided here, from torch.backends.cudnn.allow_tf32 at compile time: a compiled graph keeps the
-        # choice it was compiled with (the pass's uuid includes the flag, so cached graphs follow it).
-        from . import _conv_triton_op  # noqa: F401  (registers the op; imports Triton)
-
-        return graph.call_function(torch.ops.fused.conv_transpose3d_post_pool_infer.default, (
-            c.input, c.weight, c.bias, m, s1, s2, list(c.output_padding), bool(torch.backends.cudnn.allow_tf32)))
     if c is not None:
         return graph.call_function(_FUSED_CONV, (c.input, c.weight, c.bias, c.stride, c.padding, c.output_padding,
                                                  c.groups, c.dilation, m, s1, k, st, pad, dil, ceil, second))
@@ -284,15 +270,7 @@ def _source_digest() -> str:
     for lib in sorted(glob.glob(os.path.join(here, "_C.*"))):
         st = os.stat(lib)
         h.update(f"{os.path.basename(lib)}|{st.st_size}|{st.st_mtime_ns}".encode())
-    for mod in (sys.modules[__name__], _pass_nodes, pass_config, ops, _geometry, conv_ops):
-        h.update(inspect.getsource(mod).encode())
-    try:  # the Triton kernels and their launchers (the conv route's fake strides and code come from them)
-        from . import (_conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton, _conv_post_pool_triton,
-                       _conv_triton_op)
-    except ImportError:  # no Triton: the conv route cannot take the fused path
-        return h.hexdigest()
-    for mod in (_conv_post_pool_triton, _conv_post_pool_gemm_triton, _conv_post_pool_phase_gemm_triton,
-                _conv_triton_op):
+    for mod in (sys.modules[__name__], _pass_nodes, pass_config, _conv_coverage, ops, _geometry, conv_ops):
         h.update(inspect.getsource(mod).encode())
     return h.hexdigest()
 
@@ -338,9 +316,9 @@ class PostPoolFusionPass(CustomGraphPass):
 
     def uuid(self) -> Any:
         # Compiled code bakes in this pass's output and the fake impls' strides, so the cache key covers their
-        # source, the package version and the settings; a previous pass without a uuid makes it uncacheable.
-        h = hashlib.sha256(f"{_source_digest()}|config={pass_config.current().compute_hash()}"
-                           f"|cudnn_tf32={torch.backends.cudnn.allow_tf32}".encode())
+        # source, the compiled library and the settings; a previous pass without a uuid makes it uncacheable.
+        # cuDNN's TF32 flag is not in it: the fused convolution reads it at each call, as aten's convolution does.
+        h = hashlib.sha256(f"{_source_digest()}|config={pass_config.current().compute_hash()}".encode())
         if self.previous is not None:
             prev = getattr(self.previous, "uuid", None)
             prev_id = prev() if callable(prev) else None

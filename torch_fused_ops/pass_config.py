@@ -22,7 +22,6 @@ from typing import Literal
 
 Devices = Literal["off", "cuda", "always"]
 _DEVICES = ("off", "cuda", "always")
-_CONV_INFERENCE_OPS = ("triton_op", "public")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,34 +31,27 @@ class PassConfig:
     fold_conv_bias: fold the bias of a convolution feeding the chain into fused.post_pool_bias. "cuda": inputs on
         CUDA only (Inductor would otherwise peel the bias off into a separate full-resolution add; on CPU it keeps
         the bias inside the mkldnn convolution, so folding would not help); "always": every device; "off".
-    fuse_conv_transpose: route conv_transpose3d -> chain to the fused convolution op, which never writes the
-        full-resolution convolution output. "cuda": CUDA tensors where the fused kernel applies
-        (``_conv_post_pool_triton.fused_path_applies``); "always": every device and geometry (elsewhere the op
-        runs its composite, the aten convolution then post_pool: for tests on CPU); "off".
-    conv_inference_op: what inference graphs on that route call. "triton_op":
-        ``fused.conv_transpose3d_post_pool_infer``, a torch.library.triton_op that Inductor traces into and
-        launches itself (used where the fused Triton kernel applies and both slopes are plain numbers; the
-        public op elsewhere); "public": ``fused.conv_transpose3d_post_pool`` (same semantics, opaque to Inductor).
-    conv_in_training: whether graphs that will be differentiated also take that route, calling the public
-        ``fused.conv_transpose3d_post_pool`` (it has autograd). Off by default: on the H200 the training step
-        with cuDNN's convolution + fused.post_pool(_bias) is faster.
+    fuse_conv_transpose: route conv_transpose3d -> chain to the fused convolution op
+        ``fused.conv_transpose3d_post_pool``, which on CUDA computes the convolution at pooled resolution and never
+        writes its full-resolution output. "cuda": CUDA tensors where the op's fused kernel applies
+        (``_conv_coverage.fused_kernel_applies``); "always": every device and geometry (elsewhere the op runs its
+        composite, the aten convolution then post_pool: for tests on CPU); "off".
+    conv_in_training: whether graphs that will be differentiated also take that route (the op's autograd saves
+        only pooled-size tensors; its backward is post_pool_backward, then aten's convolution backward). False
+        keeps training graphs on aten's convolution + fused.post_pool(_bias).
     partial_chains: also fuse the chain's partial forms ending in the pool (``mul -> leaky -> pool``,
         ``leaky -> pool``, ``leaky -> mul -> pool``, ``mul -> pool``, ...), the missing steps as exact identities.
     """
 
     fold_conv_bias: Devices = "cuda"
     fuse_conv_transpose: Devices = "cuda"
-    conv_inference_op: Literal["triton_op", "public"] = "triton_op"
-    conv_in_training: bool = False
+    conv_in_training: bool = True
     partial_chains: bool = True
 
     def __post_init__(self) -> None:
         for name in ("fold_conv_bias", "fuse_conv_transpose"):
             if getattr(self, name) not in _DEVICES:
                 raise ValueError(f"PassConfig.{name} must be one of {_DEVICES}, got {getattr(self, name)!r}")
-        if self.conv_inference_op not in _CONV_INFERENCE_OPS:
-            raise ValueError(f"PassConfig.conv_inference_op must be one of {_CONV_INFERENCE_OPS}, got "
-                             f"{self.conv_inference_op!r}")
         for name in ("conv_in_training", "partial_chains"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PassConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -112,8 +104,8 @@ def patch(config: PassConfig | None = None, **changes) -> Iterator[PassConfig]:
 class LegacySwitchesModule(types.ModuleType):
     """The class of the fusion_pass module: its ``FOLD_CONV_BIAS`` / ``FUSE_CONV_TRANSPOSE`` attributes, the
     switches of earlier releases, read and write the current PassConfig (deprecated: use `patch`). Writing
-    FUSE_CONV_TRANSPOSE sets what the string meant: "always" sent every graph, training included, to the public
-    fused-convolution op; "cuda" CUDA inference graphs to the triton_op."""
+    FUSE_CONV_TRANSPOSE also sets conv_in_training: both "cuda" and "always" now send training graphs to the
+    fused-convolution op, as the default config does."""
 
     @property
     def FOLD_CONV_BIAS(self) -> str:
@@ -132,8 +124,5 @@ class LegacySwitchesModule(types.ModuleType):
     @FUSE_CONV_TRANSPOSE.setter
     def FUSE_CONV_TRANSPOSE(self, value: str) -> None:
         warnings.warn("fusion_pass.FUSE_CONV_TRANSPOSE is deprecated; use torch_fused_ops.pass_config.patch("
-                      "fuse_conv_transpose=..., conv_in_training=..., conv_inference_op=...)", DeprecationWarning,
-                      stacklevel=2)
-        always = value == "always"
-        set_current(current().replace(fuse_conv_transpose=value, conv_in_training=always,
-                                      conv_inference_op="public" if always else "triton_op"))
+                      "fuse_conv_transpose=...)", DeprecationWarning, stacklevel=2)
+        set_current(current().replace(fuse_conv_transpose=value, conv_in_training=True))
