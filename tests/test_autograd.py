@@ -593,3 +593,20 @@ def test_tuned_backward_rejects_unsupported_items_cuda():
     _, sel, off = torch.ops.fused.post_pool_with_offsets(x, m, 0.2, [2, 2, 2])
     with pytest.raises(ValueError, match="cl_items must be"):
         _tuned_backward(torch.ones_like(sel), sel, off, None, m, x.shape, True, 3)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_double_backward_raises(with_bias):
+    # Second derivatives are not implemented: building a graph through the backward and differentiating it
+    # again must raise, not return zeros.
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 4, 4, dtype=torch.float64, requires_grad=True)
+    m = torch.randn(2, 1, 1, 1, dtype=torch.float64, requires_grad=True)
+    if with_bias:
+        b = torch.randn(2, dtype=torch.float64, requires_grad=True)
+        out = torch.ops.fused.post_pool_bias(x, b, m, 0.2, [2, 2, 2])
+    else:
+        out = torch_fused_ops.post_pool(x, m, 0.2, 2)
+    gx, = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        gx.sum().backward()

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_fused_ops
-from torch_fused_ops import conv_transpose3d_post_pool, fusion_pass
+from torch_fused_ops import conv_transpose3d_post_pool, fusion_pass, pass_config
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from fused_testing import HAS_CUDA
 
@@ -216,8 +216,13 @@ def _compile_code(model, x):
     return out, "\n".join(code)
 
 
+def _route(monkeypatch, setting):
+    # The conv route's device gate for this test; monkeypatch restores the package's settings afterwards.
+    monkeypatch.setattr(pass_config, "_current", pass_config.current().replace(fuse_conv_transpose=setting))
+
+
 def test_pass_routes_model_to_conv_op(monkeypatch):
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "always")
+    _route(monkeypatch, "always")
     torch.manual_seed(0)
     model = ConvTransposeLeakyMulLeakyPool().double()
     x = torch.randn(2, 16, 3, 4, 4, dtype=torch.float64, requires_grad=True)
@@ -235,48 +240,23 @@ def test_pass_routes_model_to_conv_op(monkeypatch):
 
 
 def test_pass_cuda_mode_leaves_cpu_graphs_to_post_pool(monkeypatch):
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "cuda")
+    _route(monkeypatch, "cuda")
     model = ConvTransposeLeakyMulLeakyPool()
     with torch.no_grad():
         _, code = _compile_code(model, torch.randn(1, 16, 3, 4, 4))
     assert "conv_transpose3d_post_pool" not in code and "fused.post_pool" in code
 
 
-def test_uuid_depends_on_setting(monkeypatch):
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "off")
-    off = fusion_pass.PostPoolFusionPass().uuid()
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "cuda")
-    assert fusion_pass.PostPoolFusionPass().uuid() != off
+def test_uuid_depends_on_setting():
+    with pass_config.patch(fuse_conv_transpose="off"):
+        off = fusion_pass.PostPoolFusionPass().uuid()
+    with pass_config.patch(fuse_conv_transpose="cuda"):
+        assert fusion_pass.PostPoolFusionPass().uuid() != off
 
 
-def test_uuid_covers_every_kernel_module(monkeypatch):
-    # Compiled graphs bake in the kernels' code and the launchers' choices, so the pass's cache key must hash the
-    # source of every Triton kernel module of the package (a new kernel file must be added to _source_digest).
-    import glob
-    import inspect
-    import os
-
-    pytest.importorskip("triton")
-    hashed = []
-    real = inspect.getsource
-    monkeypatch.setattr(inspect, "getsource", lambda obj: (hashed.append(getattr(obj, "__name__", "")), real(obj))[1])
-    fusion_pass._source_digest.cache_clear()
-    try:
-        fusion_pass._source_digest()
-    finally:
-        fusion_pass._source_digest.cache_clear()
-    pkg = os.path.dirname(torch_fused_ops.__file__)
-    kernels = {f"torch_fused_ops.{os.path.basename(f)[:-3]}" for f in glob.glob(os.path.join(pkg, "_conv_*triton*.py"))}
-    assert kernels and kernels <= set(hashed)
-
-
-def _inference_kernel(precision):
-    # The kernel _conv_triton_op._CONFIGS picks for a precision ("half", "tf32" or "fp32"), by its name in
-    # Inductor's generated code.
-    from torch_fused_ops import _conv_triton_op
-
-    return {"phase": "_conv_t3d_pool_phase_gemm_kernel",
-            "packed": "_conv_t3d_pool_gemm_kernel"}[_conv_triton_op._CONFIGS[precision]["kernel"]]
+def _routed_to_fused_conv(code):
+    # The compiled graph calls the C++ op (an extern call), and no aten convolution is left in it.
+    return "fused.conv_transpose3d_post_pool" in code and "extern_kernels.convolution(" not in code
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
@@ -288,18 +268,14 @@ def test_pass_routes_cuda_inference_to_conv_op(dtype):
     with torch.no_grad():
         ref = model(x)
         out, code = _compile_code(model, x)
-    # The route goes through fused.conv_transpose3d_post_pool_infer, a triton_op that Inductor traces into: the
-    # generated code launches our Triton kernel itself (no extern call of an op, no aten convolution).
-    # TF32 is the default; this input is small (below _SMALL_POSITIONS).
-    assert _inference_kernel("half" if dtype == torch.bfloat16 else "tf32_small") in code
-    assert "extern_kernels.convolution(" not in code and "fused.conv_transpose3d_post_pool" not in code
+    assert _routed_to_fused_conv(code)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)  # TF32 default
     torch.testing.assert_close(out, ref, **tol)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 def test_pass_cuda_inference_route_strict_float32(monkeypatch):
-    # TF32 off when the graph is compiled: the strict float32 kernel, close to float64.
+    # TF32 off: the fused kernel's float32-accurate mode (three TF32 products), close to float64.
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(0)
     model = ConvTransposeLeakyMulLeakyPool().cuda()
@@ -308,7 +284,7 @@ def test_pass_cuda_inference_route_strict_float32(monkeypatch):
         ref = model.double()(x.double()).float()
         model.float()
         out, code = _compile_code(model, x)
-    assert _inference_kernel("fp32") in code and _inference_kernel("tf32") not in code
+    assert _routed_to_fused_conv(code)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -328,28 +304,26 @@ def test_pass_cuda_inference_route_with_dynamic_shapes():
             ref = model(x)
         codes.append("\n".join(code))
         torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
-    # The first call compiles the dynamic graph (the second reuses it, so it generates no code); a symbolic size
-    # takes the large-size TF32 choice.
-    assert _inference_kernel("tf32") in codes[0] and "extern_kernels.convolution(" not in codes[0]
+    # The first call compiles the dynamic graph (the second reuses it, so it generates no code).
+    assert _routed_to_fused_conv(codes[0])
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
-def test_pass_keeps_cuda_training_on_post_pool_bias():
-    # Training graphs use conv (cuDNN) + fused.post_pool_bias: faster than the fused convolution's training
-    # path on the H200 (docs/performance.md).
+def test_pass_routes_cuda_training_to_conv_op():
+    # Training graphs take the fused convolution too: its forward saves pooled-size tensors only.
     torch.manual_seed(0)
     model = ConvTransposeLeakyMulLeakyPool().cuda()
     x = torch.randn(2, 16, 4, 6, 6, device="cuda", requires_grad=True)
     ref = model(x)
     out, code = _compile_code(model, x)
-    assert "conv_transpose3d_post_pool" not in code and "post_pool_bias" in code
+    assert "conv_transpose3d_post_pool" in code
     torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_training_path_gradients(dtype):
-    # The op's training path on CUDA (the Triton forward with offsets, then post_pool_backward and cuDNN's
+    # The op's training path on CUDA (the fused forward with offsets, then post_pool_backward and cuDNN's
     # convolution backward) against eager autograd. With TF32 or bf16 the two convolutions round differently, so
     # a few near-tied windows pick another element; gradients are compared by relative norm.
     torch.manual_seed(0)
@@ -368,7 +342,7 @@ def test_fused_training_path_gradients(dtype):
 
 def test_pass_conv_route_with_dynamic_shapes(monkeypatch):
     # The fake impl works on symbolic sizes: one dynamic compilation serves two input shapes.
-    monkeypatch.setattr(fusion_pass, "FUSE_CONV_TRANSPOSE", "always")
+    _route(monkeypatch, "always")
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()

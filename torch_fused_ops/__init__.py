@@ -27,6 +27,9 @@ from ._install import disable, enable, fusion_enabled, install, is_enabled, matc
 from . import envs, pass_config  # noqa: E402
 from .pass_config import PassConfig  # noqa: E402
 
+# The CPU kernels' huge-page advice, from the environment, once per process.
+torch.ops.fused._set_cpu_huge_pages(envs.TORCH_FUSED_OPS_CPU_HUGE_PAGES)
+
 __all__ = [
     "post_pool", "reference_post_pool", "conv_transpose3d_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
     "matched_count", "PassConfig", "pass_config", "envs", "__version__",

@@ -10,10 +10,6 @@ Run time:
 ``TORCH_FUSED_OPS_DISABLE`` (default unset, i.e. off)
     Any value other than empty or ``0`` set before ``import torch_fused_ops`` skips installing the Inductor
     pass (``torch_fused_ops.enable()`` still installs it later). Read once, at import.
-``TORCH_FUSED_OPS_TRITON_AUTOTUNE`` (default ``0``)
-    ``1`` autotunes the fused convolution's training Triton kernel per new shape instead of its fixed launch
-    config; the tuning run adds seconds per shape and cannot run inside a CUDA-graph capture. Read once, when
-    the Triton module is first imported. Ignored under the Triton interpreter.
 ``TORCH_FUSED_OPS_CPU_HUGE_PAGES`` (default ``1``)
     ``0`` stops the CPU kernels from asking Linux for transparent huge pages (``madvise``) on their own large
     outputs (where memory is fragmented, a huge-page fault can stall while the kernel compacts memory). Any
@@ -41,10 +37,6 @@ def _set_and_not_zero(name: str) -> bool:
     return os.environ.get(name, "0") not in ("", "0")
 
 
-def _exactly_one(name: str) -> bool:
-    return os.environ.get(name, "0") == "1"
-
-
 def _not_zero(name: str) -> bool:
     return os.environ.get(name) != "0"
 
@@ -52,7 +44,6 @@ def _not_zero(name: str) -> bool:
 # name -> parser of its current value. Adding a variable means adding it here and to the docstring above.
 environment_variables: dict[str, Callable[[], Any]] = {
     "TORCH_FUSED_OPS_DISABLE": lambda: _set_and_not_zero("TORCH_FUSED_OPS_DISABLE"),
-    "TORCH_FUSED_OPS_TRITON_AUTOTUNE": lambda: _exactly_one("TORCH_FUSED_OPS_TRITON_AUTOTUNE"),
     "TORCH_FUSED_OPS_CPU_HUGE_PAGES": lambda: _not_zero("TORCH_FUSED_OPS_CPU_HUGE_PAGES"),
 }
 
@@ -62,7 +53,6 @@ BUILD_TIME_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "TORCH_FUSED_OPS_NO_CUDA", "TORC
 
 if TYPE_CHECKING:  # the attributes this module provides
     TORCH_FUSED_OPS_DISABLE: bool
-    TORCH_FUSED_OPS_TRITON_AUTOTUNE: bool
     TORCH_FUSED_OPS_CPU_HUGE_PAGES: bool
 
 

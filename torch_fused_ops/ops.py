@@ -215,3 +215,17 @@ torch.library.register_autograd("fused::post_pool_bias_with_offsets", _backward_
 
 # post_pool's and post_pool_bias's own Autograd kernels (csrc/post_pool_autograd.cpp) run the training forward
 # above when a gradient is needed, the inference kernel otherwise. They are C++ because they run on every call.
+
+
+# The backward ops are not differentiable. Without an autograd formula, autograd would treat them as constants
+# when a graph is built through them (create_graph=True) and return zero second derivatives in silence; raise
+# instead.
+def _no_double_backward(op):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{op}: double backward is not supported (gradients of fused.post_pool's gradients)")
+
+    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
+
+
+for _op in ("fused::post_pool_backward", "fused::post_pool_bias_backward"):
+    _no_double_backward(_op)
