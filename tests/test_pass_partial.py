@@ -42,6 +42,9 @@ def f_leaky_leaky(x, m):
     return F.max_pool3d(F.leaky_relu(F.leaky_relu(x, 0.2), -0.5), 2, ceil_mode=True)
 
 
+# Forms whose pool windows overlap (an input element can be selected by two windows).
+OVERLAPPING = {"mul"}
+
 # form -> (function, (s1, s2) the fused call must carry, whether it uses the graph's multiplier)
 FORMS = {
     "mul_leaky": (f_mul_leaky, (1.0, 0.3), True),
@@ -143,10 +146,16 @@ def test_partial_form_gradients_match_eager(form, device):
     want, got = grads
     # Equal values; not always equal bits: the gradient of an element no window selected is +0.0 from the op,
     # while eager multiplies the zeros max_pool3d's backward scatters by m and the slopes (-0.0 where negative).
-    assert_bitwise_equal(got[0], want[0], msg="input gradient")
-    nonzero = want[0] != 0
-    assert nonzero.any()
-    assert_same_bits(got[0][nonzero], want[0][nonzero], msg="input gradient, selected elements")
+    if form in OVERLAPPING and torch.device(device).type == "cuda":
+        # Overlapping windows: eager's CUDA max_pool3d backward adds the windows' gradients with atomics, in no
+        # fixed order, while ours adds them in window order, so an element two windows selected may differ by
+        # the last bit.
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7, msg="input gradient")
+    else:
+        assert_bitwise_equal(got[0], want[0], msg="input gradient")
+        nonzero = want[0] != 0
+        assert nonzero.any()
+        assert_same_bits(got[0][nonzero], want[0][nonzero], msg="input gradient, selected elements")
     if uses_m:
         # Same products, another summation order: no further from the float64 gradient than eager's float32 one
         # (within a factor 2), or than one float32 rounding of its largest entry.
