@@ -181,3 +181,24 @@ def test_ops_registered_and_tagged():
     for name in ("post_pool_bias", "post_pool_bias_with_offsets", "post_pool_bias_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fused::{name}", "CPU")
         assert torch.Tag.pt2_compliant_tag in getattr(OPS, name).default.tags
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA,
+                                                                                       reason="needs a GPU"))])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last_3d])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_non_finite_bias_with_infinite_inputs(device, fmt, sign):
+    # A non-finite bias breaks the inference kernels' monotone shortcut: -inf + inf is NaN in the full
+    # computation, which a max over the raw inputs would miss. Every channel holds one such case.
+    torch.manual_seed(0)
+    C = 16
+    x = torch.randn(2, C, 4, 4, 8, device=device)
+    x[:, :, 0, 0, 0] = -float("inf")
+    x[:, :, 1, 1, 3] = float("inf")
+    bias = torch.tensor([float("inf"), -float("inf"), float("nan"), 1.5] * (C // 4), device=device)
+    m = sign * (torch.rand(C, 1, 1, 1, device=device) + 0.5)
+    x = x.contiguous(memory_format=fmt)
+    out = torch.ops.fused.post_pool_bias(x, bias, m, 0.2, [2, 2, 2])
+    y = x + bias.view(1, C, 1, 1, 1)
+    ref = F.max_pool3d(F.leaky_relu(F.leaky_relu(y, 0.2) * m, 0.2), 2)
+    torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)

@@ -76,6 +76,8 @@ __device__ __forceinline__ float min_nan(float a, float b) {
 // the sign of a zero result can differ when +0 and -0 tie in one window. Training (SAVE) needs the argmax and
 // keeps the full scan. A zero, infinite or NaN m breaks monotonicity (0 * inf = NaN), so such channels use it too.
 __device__ __forceinline__ bool monotone_multiplier(float m) { return m != 0.f && isfinite(m); }
+// With a bias, x + b must be monotone in x and never NaN for a non-NaN x: true for a finite b only (-inf + inf).
+__device__ __forceinline__ bool monotone_channel(float m, float b) { return monotone_multiplier(m) && isfinite(b); }
 
 template <typename scalar_t, typename acc_t>
 struct Best {
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
     }
     Pack<scalar_t, VEC> o, sv;
     if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
-      if (monotone && monotone_multiplier(m)) {  // uniform per row: m is one channel's
+      if (monotone && monotone_channel(m, b)) {  // uniform per row: m and b are one channel's
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           acc_t hi = static_cast<acc_t>(r[0].v[2 * j]), lo = hi;
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
       bool all_monotone = monotone;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) all_monotone = all_monotone && monotone_multiplier(m[j]);
+      for (int j = 0; j < VEC; ++j) all_monotone = all_monotone && monotone_channel(m[j], bv[j]);
       if (all_monotone) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
