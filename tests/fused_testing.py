@@ -361,3 +361,25 @@ def launch_recorder():
         return Grid()
 
     return wrap, seen
+
+
+# ---- gradients through the op ------------------------------------------------------------------------------
+
+def op_grads(x, m, grad_out, cfg, slope=0.2, slope2=None, need_x=True, need_m=True):
+    """post_pool's output and the gradients autograd gives x and m for grad_out."""
+    import torch_fused_ops
+
+    xo = x.detach().requires_grad_(need_x)
+    mo = m.detach().requires_grad_(need_m)
+    out = torch_fused_ops.post_pool(xo, mo, slope, negative_slope2=slope2, **cfg)
+    assert out.requires_grad
+    out.backward(grad_out)
+    return out.detach(), (xo.grad if need_x else None), (mo.grad if need_m else None)
+
+
+def grad_output_for(x, m, cfg, seed):
+    """A random float64-drawn grad_output of the composite's output shape, in x's dtype and device."""
+    shape = composite(x.detach(), m.detach(), 0.2, **cfg).shape
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype=x.dtype, device=x.device)
+
