@@ -263,6 +263,22 @@ def test_fused_path_coverage_cuda(dtype, name):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layouts", [("contig", "contig"), ("cl", "contig"), ("contig", "cl")], ids="-".join)
+def test_opcheck_fused_path_cuda(dtype, layouts):
+    # float64 (test_opcheck) takes the composite on CUDA; these dtypes take the fused kernel.
+    x, w, b, m = make(dtype, "cuda", cin=16, cout=32)
+    x = x.contiguous(memory_format=CL) if layouts[0] == "cl" else x
+    w = w.contiguous(memory_format=CL) if layouts[1] == "cl" else w
+    args = op_args(x, w, b, m, CONFIGS["kb"])
+    assert not _ran_aten_convolution(lambda: OPS.conv_transpose3d_post_pool(*args))
+    for t in (x, w, b, m):
+        t.requires_grad_()
+    torch.library.opcheck(OPS.conv_transpose3d_post_pool.default, args)
+    torch.library.opcheck(OPS.conv_transpose3d_post_pool_with_offsets.default, args)
+
+
+@requires_cuda
 @pytest.mark.parametrize("with_offsets", [False, True])
 def test_cuda_graph_capture_and_replay(with_offsets):
     x, w, b, m = make(torch.float32, "cuda", cin=16, cout=32, spatial=(4, 6, 6))

@@ -23,6 +23,11 @@ from torch import Tensor
 
 from . import _geometry
 
+try:
+    from torch.fx.experimental.symbolic_shapes import has_guarding_hint as _has_hint
+except ImportError:  # older torch
+    from torch.fx.experimental.symbolic_shapes import has_hint as _has_hint
+
 IntOr3 = int | Sequence[int]
 _OP = "fused::conv_transpose3d_post_pool"
 # The overload itself: calling it skips the packet's overload resolution on every call.
@@ -93,12 +98,10 @@ def conv_memory_format(input, weight, bias, stride, padding, output_padding, gro
     the input or the weight is channels_last_3d, except in float64. CPU: the same where oneDNN runs, which depends
     on dtype, sizes and the thread count; contiguous where the native kernel runs (float64, small batch-1 cases).
     Sizes without a hint (unbacked) give contiguous, as torch's own fake convolution does."""
-    from torch.fx.experimental.symbolic_shapes import has_guarding_hint
-
-    if not all(has_guarding_hint(v) for t in (input, weight) for v in t.shape):
+    if not all(_has_hint(v) for t in (input, weight) for v in t.shape):
         return torch.contiguous_format
     backend = torch._C._select_conv_backend(input, weight, bias, list(stride), list(padding), list(dilation), True,
-                                            list(output_padding), groups, None)
+                                            list(output_padding), groups)
     fmt = torch._C._conv_determine_backend_memory_format(input, weight, backend)
     return torch.channels_last_3d if fmt == torch.channels_last_3d else torch.contiguous_format
 
