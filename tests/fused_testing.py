@@ -346,23 +346,6 @@ def grad_multiplier_tol(x, grad_out, dtype):
     return dict(rtol=1e-4 if dtype == torch.float32 else 1e-10, atol=eps * scale)
 
 
-def launch_recorder():
-    """(kernel_wrapper, seen): a ``kernel_wrapper`` for the Triton launchers that launches the kernel as given and
-    records the keyword arguments (constexprs included) of its last launch in the dict ``seen``."""
-    seen = {}
-
-    def wrap(kernel):
-        class Grid:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    seen.update(kwargs)
-                    return kernel[grid](*args, **kwargs)
-                return launch
-        return Grid()
-
-    return wrap, seen
-
-
 # ---- gradients through the op ------------------------------------------------------------------------------
 
 def op_grads(x, m, grad_out, cfg, slope=0.2, slope2=None, need_x=True, need_m=True):
