@@ -279,6 +279,32 @@ def test_opcheck_fused_path_cuda(dtype, layouts):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layouts", [("contig", "contig"), ("cl", "contig"), ("contig", "cl"), ("cl", "cl")],
+                         ids="-".join)
+@pytest.mark.parametrize("cudnn", [True, False], ids=["cudnn", "no_cudnn"])
+@pytest.mark.parametrize("n", [2, 0], ids=["n2", "n0"])
+def test_cuda_output_format_matches_aten(dtype, layouts, cudnn, n):
+    # On CUDA the C++ op applies aten's memory-format rule directly where it is certain (instead of running
+    # aten's backend selection on every call): its outputs must have the strides aten's selection gives (the
+    # fake impl's) and, with a non-empty batch, those of eager's own result.
+    from torch_fused_ops.conv_ops import conv_memory_format
+
+    x, w, b, m = make(dtype, "cuda", n=n, cin=16, cout=32)
+    x = x.contiguous(memory_format=CL) if layouts[0] == "cl" else x
+    w = w.contiguous(memory_format=CL) if layouts[1] == "cl" else w
+    args = op_args(x, w, b, m, CONFIGS["kb"])
+    with torch.backends.cudnn.flags(enabled=cudnn):
+        outs = [OPS.conv_transpose3d_post_pool(*args), *OPS.conv_transpose3d_post_pool_with_offsets(*args)]
+        fmt = conv_memory_format(x, w, b, [2] * 3, [1] * 3, [1] * 3, 1, [1] * 3)
+        ref = reference(x, w, b, m, CONFIGS["kb"])
+    for o in outs:
+        assert o.stride() == torch.empty(o.shape, device="cuda", memory_format=fmt).stride()
+        if n:
+            assert o.stride() == ref.stride()
+
+
+@requires_cuda
 @pytest.mark.parametrize("with_offsets", [False, True])
 def test_cuda_graph_capture_and_replay(with_offsets):
     x, w, b, m = make(torch.float32, "cuda", cin=16, cout=32, spatial=(4, 6, 6))
