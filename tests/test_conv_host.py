@@ -182,6 +182,29 @@ def test_degenerate_layouts_match_fake(device, shape, fmt):
     torch.testing.assert_close(real[0], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["int", "list", "tuple", "one"])
+def test_wrapper_argument_forms(form):
+    # The typed wrapper expands plain ints inline and hands everything else to expand3: every form of an int[3]
+    # argument gives eager's result.
+    x, w, b, m = make(torch.float32, "cpu")
+    f = {"int": lambda v: v, "list": lambda v: [v] * 3, "tuple": lambda v: (v,) * 3, "one": lambda v: [v]}[form]
+    out = conv_transpose3d_post_pool(x, w, b, m, 0.2, f(2), f(1), f(1), 1, f(1), f(2), f(2), f(0), f(1))
+    torch.testing.assert_close(out, reference(x, w, b, m, CONFIGS["kb"]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(stride=[2, 2]), ValueError, "stride must be a single int or a list of three ints, got [2, 2]"),
+    (dict(pool_stride=[]), ValueError, "pool_stride must be a single int or a list of three ints, got []"),
+    (dict(dilation=(1, 1, 1, 1)), ValueError, "dilation must be a single int or a list of three ints, got [1, 1, 1, 1]"),
+    (dict(stride=2.0), TypeError, "'float' object is not iterable"),
+], ids=["stride", "pool_stride", "dilation", "float"])
+def test_wrapper_argument_errors(kw, exc, msg):
+    x, w, b, m = make(torch.float32, "cpu")
+    with pytest.raises(exc) as err:
+        conv_transpose3d_post_pool(x, w, b, m, 0.2, **kw)
+    assert str(err.value) == msg
+
+
 def _bad_calls(x, w, b, m):
     kb = op_args(x, w, b, m, CONFIGS["kb"])
 
