@@ -4,13 +4,15 @@ Each figure is the host's time for one call while a sleep kernel holds the devic
 device (_timing.host_us): what the Python wrapper, the dispatcher, the C++ checks, the allocations and the launch
 cost the host, whatever the kernel costs. Rows: KernelBench size (input [N, 16, 16, 32, 32], weight
 [16, 32, 3, 3, 3]) at batch 16 and 1, float32 and bfloat16, inference and (separately) with gradients enabled,
-plus the raw op (torch.ops.fused..., no wrapper) and eager's own conv_transpose3d for scale.
+plus the raw op (torch.ops.fused..., no wrapper), the wrapper with Python's garbage collector paused, and
+eager's own conv_transpose3d for scale.
 
     python benchmarks/conv_host_time.py [--reps 7] [--calls 200] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 
@@ -48,12 +50,23 @@ def rows(reps, calls):
             xg, wg, bg, mg = _inputs(batch, dtype, requires_grad=True)
             cases["wrapper, training forward"] = lambda: torch_fused_ops.conv_transpose3d_post_pool(
                 xg, wg, bg, mg, 0.2, 2, 1, 1)
+            # The wrapper again with Python's cyclic garbage collector paused: a gap between this row and
+            # "wrapper" is collection work triggered by the objects each call allocates, not the op's own cost.
+            cases["wrapper, gc paused"] = cases["wrapper"]
             for name, fn in cases.items():
                 with torch.no_grad() if "training" not in name else torch.enable_grad():
                     for _ in range(10):
                         fn()
-                    # Each sample: `calls` back-to-back calls behind one sleep long enough to cover them all.
-                    samples = [host_us(fn, dev, n=calls, busy_ms=max(20.0, calls * 0.2)) for _ in range(reps)]
+                    gc_was_enabled = gc.isenabled()
+                    if "gc paused" in name:
+                        gc.collect()
+                        gc.disable()
+                    try:
+                        # Each sample: `calls` back-to-back calls behind one sleep long enough to cover them all.
+                        samples = [host_us(fn, dev, n=calls, busy_ms=max(20.0, calls * 0.2)) for _ in range(reps)]
+                    finally:
+                        if gc_was_enabled:
+                            gc.enable()
                 torch.cuda.synchronize()
                 out.append(dict(batch=batch, dtype=str(dtype).replace("torch.", ""), case=name,
                                 host_us_median=statistics.median(samples), host_us_min=min(samples)))

@@ -81,8 +81,11 @@ Outputs fused_cuda(bool with_offsets, const ConvPostPoolGeometry& g, const at::T
   }
   if (out.numel() == 0) return {out, selected, offsets};
   const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  // The kernel reads the multiplier's 1 or Cout elements in order: a contiguous one is passed as it is (no view
+  // to make on every call).
+  const at::Tensor m = multiplier.is_contiguous() ? multiplier : flat_multiplier(multiplier);
   launch_conv_transpose3d_post_pool_cuda(in_kernel_layout(input, g.format), in_kernel_layout(weight, g.format), b,
-                                         flat_multiplier(multiplier), negative_slope,
+                                         m, negative_slope,
                                          negative_slope2.value_or(negative_slope), g.output_padding,
                                          conv_allows_tf32(), out, selected, offsets);
   return {out, selected, offsets};

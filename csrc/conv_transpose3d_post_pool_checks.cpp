@@ -4,9 +4,11 @@
 #include "conv_transpose3d_post_pool.h"
 
 #include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/native/ConvUtils.h>
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -34,13 +36,53 @@ void check_defined(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(t.defined(), op, ": ", name, " must be a Tensor, got None");
 }
 
+// aten's rule for a CUDA transposed 3-D convolution in a cuDNN build, decided without select_conv_backend
+// (which builds its SymInt parameters and re-checks every argument: microseconds on every call). Every CUDA
+// backend aten can pick here (cuDNN, the slow transposed kernel, the empty-input one) gives a contiguous output
+// unless cuDNN runs, and cuDNN gives cudnn_conv_suggest_memory_format. So: contiguous when that suggests
+// contiguous; channels_last_3d when it suggests channels_last_3d and cuDNN is certain to be selected (the
+// conditions of aten's ConvParams::use_cudnn that can hold here). Anything else (an empty input, cuDNN
+// disabled, sizes that need 64-bit indexing, bfloat16 without cuDNN v8 support, a large output_padding) returns
+// nullopt: aten is asked.
+std::optional<at::MemoryFormat> cudnn_output_format(const at::Tensor& input, const at::Tensor& weight,
+                                                    const Int3& s, const Int3& o,
+                                                    const std::array<int64_t, 5>& conv_size) {
+  // An empty input selects aten's empty backend, or makes it raise: asked.
+  if (!input.is_cuda() || input.numel() == 0) return std::nullopt;
+  const auto& hooks = at::detail::getCUDAHooks();
+  if (!hooks.compiledWithCuDNN()) return std::nullopt;
+  if (at::native::cudnn_conv_suggest_memory_format(input, weight) != at::MemoryFormat::ChannelsLast3d) {
+    return at::MemoryFormat::Contiguous;
+  }
+  if (!at::globalContext().userEnabledCuDNN()) return std::nullopt;
+  constexpr int64_t int_max = std::numeric_limits<int>::max();
+  if (input.numel() / input.size(0) > int_max) return std::nullopt;  // aten's needs_64bit_indexing_no_split
+  int64_t per_sample_out = 1;
+  for (int i = 1; i < 5; ++i) {
+    if (conv_size[i] > int_max) return std::nullopt;
+    per_sample_out *= conv_size[i];  // at most int_max squared: no overflow
+    if (per_sample_out > int_max) return std::nullopt;
+  }
+  if (input.scalar_type() == at::kBFloat16 &&
+      !(hooks.supportsBFloat16ConvolutionWithCuDNNv8() && at::native::cudnnv8_enabled_check_debug())) {
+    return std::nullopt;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (o[i] >= s[i]) return std::nullopt;  // aten's is_output_padding_big
+  }
+  return at::MemoryFormat::ChannelsLast3d;
+}
+
 // The memory format aten's convolution gives its output: the one of the backend it selects for these
 // arguments (cuDNN: channels_last_3d when the input or the weight is, except in float64; CPU: the same where
 // oneDNN runs, which depends on dtype, sizes and threads; contiguous where the native kernels run). Asking aten
-// keeps the op's layout equal to the eager composite's on every device and version.
+// keeps the op's layout equal to the eager composite's on every device and version; on CUDA its rule is
+// applied directly where it is certain (cudnn_output_format).
 at::MemoryFormat conv_output_format(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, const Int3& s, const Int3& p,
-                                    const Int3& o, const Int3& d, int64_t groups) {
+                                    const Int3& o, const Int3& d, int64_t groups,
+                                    const std::array<int64_t, 5>& conv_size) {
+  if (const auto fmt = cudnn_output_format(input, weight, s, o, conv_size)) return *fmt;
   const auto sym = [](const Int3& v) { return c10::fromIntArrayRefUnchecked(at::IntArrayRef(v)); };
   const auto backend = at::native::select_conv_backend(input, weight, bias, sym(s), sym(p), sym(d),
                                                        /*transposed=*/true, sym(o), c10::SymInt(groups),
@@ -139,7 +181,7 @@ ConvPostPoolGeometry check_conv_post_pool_args(const char* op, const at::Tensor&
   }
   TORCH_CHECK_VALUE(g.conv_size[2] > 0 && g.conv_size[3] > 0 && g.conv_size[4] > 0, op,
                     ": convolution output size ", at::IntArrayRef(g.conv_size).slice(2), " is not positive");
-  g.format = conv_output_format(input, weight, bias_opt, s, p, o, d, groups);
+  g.format = conv_output_format(input, weight, bias_opt, s, p, o, d, groups, g.conv_size);
   g.pool = check_post_pool_sizes(op, g.conv_size, input.scalar_type(), input.device(), multiplier, kernel_size,
                                  pool_stride, pool_padding, pool_dilation, ceil_mode,
                                  g.format == at::MemoryFormat::ChannelsLast3d);

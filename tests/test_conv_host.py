@@ -182,6 +182,29 @@ def test_degenerate_layouts_match_fake(device, shape, fmt):
     torch.testing.assert_close(real[0], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["int", "list", "tuple", "one"])
+def test_wrapper_argument_forms(form):
+    # The typed wrapper expands plain ints inline and hands everything else to expand3: every form of an int[3]
+    # argument gives eager's result.
+    x, w, b, m = make(torch.float32, "cpu")
+    f = {"int": lambda v: v, "list": lambda v: [v] * 3, "tuple": lambda v: (v,) * 3, "one": lambda v: [v]}[form]
+    out = conv_transpose3d_post_pool(x, w, b, m, 0.2, f(2), f(1), f(1), 1, f(1), f(2), f(2), f(0), f(1))
+    torch.testing.assert_close(out, reference(x, w, b, m, CONFIGS["kb"]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw, exc, msg", [
+    (dict(stride=[2, 2]), ValueError, "stride must be a single int or a list of three ints, got [2, 2]"),
+    (dict(pool_stride=[]), ValueError, "pool_stride must be a single int or a list of three ints, got []"),
+    (dict(dilation=(1, 1, 1, 1)), ValueError, "dilation must be a single int or a list of three ints, got [1, 1, 1, 1]"),
+    (dict(stride=2.0), TypeError, "'float' object is not iterable"),
+], ids=["stride", "pool_stride", "dilation", "float"])
+def test_wrapper_argument_errors(kw, exc, msg):
+    x, w, b, m = make(torch.float32, "cpu")
+    with pytest.raises(exc) as err:
+        conv_transpose3d_post_pool(x, w, b, m, 0.2, **kw)
+    assert str(err.value) == msg
+
+
 def _bad_calls(x, w, b, m):
     kb = op_args(x, w, b, m, CONFIGS["kb"])
 
@@ -276,6 +299,32 @@ def test_opcheck_fused_path_cuda(dtype, layouts):
         t.requires_grad_()
     torch.library.opcheck(OPS.conv_transpose3d_post_pool.default, args)
     torch.library.opcheck(OPS.conv_transpose3d_post_pool_with_offsets.default, args)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layouts", [("contig", "contig"), ("cl", "contig"), ("contig", "cl"), ("cl", "cl")],
+                         ids="-".join)
+@pytest.mark.parametrize("cudnn", [True, False], ids=["cudnn", "no_cudnn"])
+@pytest.mark.parametrize("n", [2, 0], ids=["n2", "n0"])
+def test_cuda_output_format_matches_aten(dtype, layouts, cudnn, n):
+    # On CUDA the C++ op applies aten's memory-format rule directly where it is certain (instead of running
+    # aten's backend selection on every call): its outputs must have the strides aten's selection gives (the
+    # fake impl's) and, with a non-empty batch, those of eager's own result.
+    from torch_fused_ops.conv_ops import conv_memory_format
+
+    x, w, b, m = make(dtype, "cuda", n=n, cin=16, cout=32)
+    x = x.contiguous(memory_format=CL) if layouts[0] == "cl" else x
+    w = w.contiguous(memory_format=CL) if layouts[1] == "cl" else w
+    args = op_args(x, w, b, m, CONFIGS["kb"])
+    with torch.backends.cudnn.flags(enabled=cudnn):
+        outs = [OPS.conv_transpose3d_post_pool(*args), *OPS.conv_transpose3d_post_pool_with_offsets(*args)]
+        fmt = conv_memory_format(x, w, b, [2] * 3, [1] * 3, [1] * 3, 1, [1] * 3)
+        ref = reference(x, w, b, m, CONFIGS["kb"])
+    for o in outs:
+        assert o.stride() == torch.empty(o.shape, device="cuda", memory_format=fmt).stride()
+        if n:
+            assert o.stride() == ref.stride()
 
 
 @requires_cuda

@@ -61,12 +61,23 @@ def conv_transpose3d_post_pool(
     if not (isinstance(input, Tensor) and isinstance(weight, Tensor) and isinstance(multiplier, Tensor)
             and (bias is None or isinstance(bias, Tensor))):  # one expression: this runs on every call
         _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
+    # A plain int expands inline (expand3's own first case, without a call per argument); anything else goes
+    # through expand3, which validates it.
     e3 = _geometry.expand3
     return _CONV_OP(
-        input, weight, bias, e3("stride", stride), e3("padding", padding), e3("output_padding", output_padding),
-        int(groups), e3("dilation", dilation), multiplier, float(negative_slope), e3("kernel_size", kernel_size),
-        [] if pool_stride is None else e3("pool_stride", pool_stride), e3("pool_padding", pool_padding),
-        e3("pool_dilation", pool_dilation), bool(ceil_mode),
+        input, weight, bias,
+        [stride] * 3 if type(stride) is int else e3("stride", stride),
+        [padding] * 3 if type(padding) is int else e3("padding", padding),
+        [output_padding] * 3 if type(output_padding) is int else e3("output_padding", output_padding),
+        int(groups),
+        [dilation] * 3 if type(dilation) is int else e3("dilation", dilation),
+        multiplier, float(negative_slope),
+        [kernel_size] * 3 if type(kernel_size) is int else e3("kernel_size", kernel_size),
+        [] if pool_stride is None else [pool_stride] * 3 if type(pool_stride) is int else e3("pool_stride",
+                                                                                             pool_stride),
+        [pool_padding] * 3 if type(pool_padding) is int else e3("pool_padding", pool_padding),
+        [pool_dilation] * 3 if type(pool_dilation) is int else e3("pool_dilation", pool_dilation),
+        bool(ceil_mode),
         None if negative_slope2 is None else float(negative_slope2),
     )
 
