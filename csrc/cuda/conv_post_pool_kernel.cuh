@@ -29,7 +29,9 @@ namespace conv_pool {
 
 // acc += the phase's products over the staged chunk. Everything but the thread's base addresses is a
 // compile-time constant once the phase loop is unrolled, so every shared-memory load has an immediate offset.
-template <Mode M, int MT, int KS>
+// SAFE (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits skip
+// their finiteness handling (tf32_split_finite; the products are bit for bit those of tf32_split).
+template <Mode M, int MT, int KS, bool SAFE>
 __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const uint32_t* __restrict__ sA,
                                               const uint32_t* __restrict__ sB, const int (&a_base)[MT], int ph,
                                               int lane) {
@@ -58,7 +60,29 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
           const uint4 b01 = *reinterpret_cast<const uint4*>(b_ptr + ks * 256);
           const uint4 b23 = *reinterpret_cast<const uint4*>(b_ptr + ks * 256 + 128);
           const uint32_t b[kNT][2] = {{b01.x, b01.y}, {b01.z, b01.w}, {b23.x, b23.y}, {b23.z, b23.w}};
-          if constexpr (M == Mode::kStrict) {
+          if constexpr (M == Mode::kStrict && SAFE) {
+            uint32_t ah[MT][4], al[MT][4], bh[kNT][2], bl[kNT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) tf32_split_finite(a[i][r], ah[i][r], al[i][r]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              tf32_split_finite(b[nt][0], bh[nt][0], bl[nt][0]);
+              tf32_split_finite(b[nt][1], bh[nt][1], bl[nt][1]);
+            }
+            // The same products in the same order as below, with cross = hi.
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) {
+                mma<M>(acc[i][nt], al[i], bh[nt][0], bh[nt][1]);
+                mma<M>(acc[i][nt], ah[i], bl[nt][0], bl[nt][1]);
+                mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
+              }
+            }
+          } else if constexpr (M == Mode::kStrict) {
             uint32_t ah[MT][4], al[MT][4], ac[MT][4], bh[kNT][2], bl[kNT][2], bc[kNT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
@@ -130,12 +154,15 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
 
   // The weight, staged once when one chunk holds all of Cin (else per chunk below; this pass only looks for
   // non-finite weights).
-  bool w_nonfinite = false;
+  bool w_nonfinite = false, w_unsafe = false;
   for (int c = 0; c < p.nchunks; ++c) {
     if (c > 0) __syncthreads();
-    w_nonfinite |= stage_weights<M>(p, sB, co0, c, KS, sMult, !exact);
+    w_nonfinite |= stage_weights<M>(p, sB, co0, c, KS, sMult, !exact, w_unsafe);
   }
   const bool fix_edges = __syncthreads_or(w_nonfinite);
+  // Strict float32: whether every weight word of the block may take the simpler split (block-uniform).
+  bool w_safe = false;
+  if constexpr (M == Mode::kStrict) w_safe = !__syncthreads_or(w_unsafe);
 
   int a_base[MT];
   int row_d[MT], row_h[MT];
@@ -156,14 +183,22 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
     const int qd0 = static_cast<int>(rem % p.tiles_d) * TS::kTD;
     const int n = static_cast<int>(rem / p.tiles_d);
 
+    // Strict float32: both operands of the staged chunk may take the simpler split (block-uniform).
+    bool safe = false;
     if (p.nchunks == 1) {
       __syncthreads();  // the previous tile's reads of sA are done
+      bool x_unsafe;
       if (p.x_channels_last) {
-        stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+        x_unsafe = stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
       } else {
-        stage_input_rows<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+        x_unsafe = stage_input_rows<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
       }
-      __syncthreads();
+      if constexpr (M == Mode::kStrict) {
+        safe = w_safe && !__syncthreads_or(x_unsafe);
+      } else {
+        (void)x_unsafe;
+        __syncthreads();
+      }
     }
 
     float best[MT][kNT][4];
@@ -185,11 +220,24 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
       for (int c = 0; c < p.nchunks; ++c) {
         if (p.nchunks > 1) {
           __syncthreads();
-          stage_weights<M>(p, sB, co0, c, KS, sMult, !exact);
-          stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, c, kChunkWords);
-          __syncthreads();
+          bool unsafe = false;
+          stage_weights<M>(p, sB, co0, c, KS, sMult, !exact, unsafe);
+          unsafe |= stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, c, kChunkWords);
+          if constexpr (M == Mode::kStrict) {
+            safe = !__syncthreads_or(unsafe);
+          } else {
+            __syncthreads();
+          }
         }
-        phase_product<M, MT, KS>(acc, sA, sB, a_base, ph, lane);
+        if constexpr (M == Mode::kStrict) {
+          if (safe) {
+            phase_product<M, MT, KS, true>(acc, sA, sB, a_base, ph, lane);
+          } else {
+            phase_product<M, MT, KS, false>(acc, sA, sB, a_base, ph, lane);
+          }
+        } else {
+          phase_product<M, MT, KS, false>(acc, sA, sB, a_base, ph, lane);
+        }
       }
 
       if (exact) {

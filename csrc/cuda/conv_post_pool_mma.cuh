@@ -66,6 +66,22 @@ __device__ __forceinline__ void tf32_split(uint32_t word, uint32_t& hi, uint32_t
   cross = finite ? hi : 0u;
 }
 
+// TF32 rounding (nearest, ties away) of a finite float given by its bits: add half a TF32 ulp to the magnitude
+// bits and clear the 13 bits TF32 drops (a carry into the exponent is the correct rounding up). This is what
+// cvt.rna.tf32.f32 computes for finite values, without its test for infinities and NaN.
+__device__ __forceinline__ uint32_t tf32_round_finite(uint32_t bits) { return (bits + 0x1000u) & 0xffffe000u; }
+
+// tf32_split of a value known to be below 2^127 in magnitude (so hi is finite and cross is hi): the same hi and
+// lo, bit for bit, from integer rounding and no finiteness test or selects.
+__device__ __forceinline__ void tf32_split_finite(uint32_t word, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_round_finite(word);
+  lo = tf32_round_finite(__float_as_uint(__uint_as_float(word) - __uint_as_float(hi)));
+}
+
+// Whether a strict-float32 operand word may take tf32_split_finite (false for NaN, infinities and |x| >= 2^127,
+// where TF32 rounding could overflow).
+__device__ __forceinline__ bool split_safe(uint32_t word) { return fabsf(__uint_as_float(word)) < 0x1p127f; }
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }

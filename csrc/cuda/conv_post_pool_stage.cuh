@@ -50,10 +50,11 @@ __device__ __forceinline__ uint32_t load_word(const void* base, Index at, Index 
 // lane reads its fragments of two column tiles with one 16-byte load. Zero outside Cin / Cout. `negate` (the
 // monotone form) stores -w for channels with a negative multiplier, so that the pool's running max of the
 // products is the extreme the epilogue needs (negation is exact, NaN and infinities included). Loads are issued
-// kBatch at a time before their stores. Returns whether this thread saw a non-finite weight.
+// kBatch at a time before their stores. Returns whether this thread saw a non-finite weight; `unsafe` is set
+// (strict float32 only) when a staged word may not take tf32_split_finite.
 template <Mode M>
 __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co0, int chunk, int ksteps,
-                              const float* __restrict__ sMult, bool negate) {
+                              const float* __restrict__ sMult, bool negate, bool& unsafe) {
   constexpr int kBatch = 16;
   const int total = 27 * ksteps * 8 * kBlockN;
   bool nonfinite = false;
@@ -76,6 +77,7 @@ __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co
                        kh * static_cast<int>(p.sw[3]) + kx * static_cast<int>(p.sw[4]);
         uint32_t word = load_word<M>(p.w, at, static_cast<int>(p.sw[0]), kw, p.Cin, nonfinite);
         if (negate && sMult[col] < 0.f) word ^= ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+        if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
         v[u] = word;
       }
     }
@@ -90,15 +92,17 @@ __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int co
 // The input halo of the tile at (n, qd0, qh0, qw0), chunk `chunk`: word (k, position) at k * kPitch + position,
 // positions (hd, hh, hw) row-major over kHD x kHH x kHW; zero outside the input (the convolution's missing
 // neighbour q + 1 of the last window with output_padding 1, and the tile's overhang). kBatch loads per thread
-// are issued before their stores (each is an L2 round trip).
+// are issued before their stores (each is an L2 round trip). Returns (strict float32 only) whether a staged
+// word may not take tf32_split_finite.
 template <Mode M, int MT>
-__device__ void stage_input(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
+__device__ bool stage_input(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
                             int chunk, int cw) {
   using TS = TileShape<MT>;
   constexpr int kBatch = 8;
   const int total = cw * TS::kHalo;
   const int64_t nbase = static_cast<int64_t>(n) * p.sx[0];
   bool unused = false;
+  bool unsafe_words = false;
   for (int base = threadIdx.x; base < total; base += kBatch * kThreads) {
     uint32_t v[kBatch];
     int dst[kBatch];
@@ -130,16 +134,19 @@ __device__ void stage_input(const Params& p, uint32_t* __restrict__ sA, int n, i
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
+      if constexpr (M == Mode::kStrict) unsafe_words |= !split_safe(v[u]);
       if (dst[u] >= 0) sA[dst[u]] = v[u];
     }
   }
+  return unsafe_words;
 }
 
 // The same for an input whose w stride is not 1 in channels (NCDHW and the like): rows (k, hd, hh) of the halo,
 // 16 threads per row for its first kTileW positions (consecutive w: coalesced), then one pass for the last
 // column. Per element only the row decode and one address; the generic loop above pays two divisions more.
+// Returns what stage_input returns.
 template <Mode M, int MT>
-__device__ void stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
+__device__ bool stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int n, int qd0, int qh0, int qw0,
                                  int chunk, int cw) {
   using TS = TileShape<MT>;
   constexpr int kBatch = 8;
@@ -147,6 +154,7 @@ __device__ void stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int
   const int rows = cw * kRowsPerWord;
   const int64_t tile = static_cast<int64_t>(n) * p.sx[0] + qd0 * p.sx[2] + qh0 * p.sx[3] + qw0 * p.sx[4];
   bool unused = false;
+  bool unsafe_words = false;
   const int lw = threadIdx.x & 15;
   const bool w_ok = qw0 + lw < p.W;
   for (int r0 = threadIdx.x >> 4; r0 < rows; r0 += 16 * kBatch) {
@@ -165,6 +173,7 @@ __device__ void stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
+      if constexpr (M == Mode::kStrict) unsafe_words |= !split_safe(v[u]);
       if (dst[u] >= 0) sA[dst[u]] = v[u];
     }
   }
@@ -172,12 +181,15 @@ __device__ void stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int
   for (int r = threadIdx.x; r < rows; r += kThreads) {
     const int kl = r / kRowsPerWord, rr = r - kl * kRowsPerWord;
     const int hd = rr / TS::kHH, hh = rr - hd * TS::kHH;
-    sA[kl * TS::kPitch + rr * TS::kHW + kTileW] =
+    const uint32_t word =
         last_ok && qd0 + hd < p.D && qh0 + hh < p.H
             ? load_word<M>(p.x, tile + hd * p.sx[2] + hh * p.sx[3] + kTileW * p.sx[4], p.sx[1], chunk * cw + kl,
                            p.Cin, unused)
             : 0u;
+    if constexpr (M == Mode::kStrict) unsafe_words |= !split_safe(word);
+    sA[kl * TS::kPitch + rr * TS::kHW + kTileW] = word;
   }
+  return unsafe_words;
 }
 
 // A scalar value of the I/O tensor as the tensor cores would see it (TF32-rounded for kTF32).
