@@ -167,3 +167,14 @@ def test_eager_rejects_c0_but_op_does_not(device):
     with pytest.raises(RuntimeError):
         F.max_pool3d(x, 2)
     assert torch_fused_ops.post_pool(x, m, 0.2, 2).shape == (2, 0, 2, 3, 4)
+
+
+@pytest.mark.parametrize("which", ["input", "multiplier"])
+@pytest.mark.parametrize("bad", [None, 2.0, [1.0]], ids=["None", "float", "list"])
+def test_non_tensor_arguments_raise_type_error_naming_them(which, bad):
+    x = torch.randn(1, 2, 4, 4, 4)
+    m = torch.tensor(1.5)
+    args = {"input": x, "multiplier": m, which: bad}
+    with pytest.raises(TypeError, match=f"fused::post_pool: {which} must be a Tensor, got "
+                                        f"{'None' if bad is None else type(bad).__name__}"):
+        torch_fused_ops.post_pool(args["input"], args["multiplier"], 0.2, 2)

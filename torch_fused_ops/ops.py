@@ -58,6 +58,10 @@ def post_pool(
         Differentiable in input and multiplier.
     """
     op = "fused::post_pool"
+    # None reaches the kernel as an undefined tensor, which would fail later with an unrelated message.
+    if not (isinstance(input, Tensor) and isinstance(multiplier, Tensor)):
+        name, t = ("input", input) if not isinstance(input, Tensor) else ("multiplier", multiplier)
+        raise TypeError(f"{op}: {name} must be a Tensor, got {'None' if t is None else type(t).__name__}")
     return _ops.post_pool(
         input, multiplier, float(negative_slope), _geometry.expand3(f"{op}: kernel_size", kernel_size),
         [] if stride is None else _geometry.expand3(f"{op}: stride", stride, allow_empty_as=[]),
