@@ -1,0 +1,489 @@
+// The weight gradient of the fused transposed convolution at pooled resolution (contract in
+// conv_post_pool_backward.h), as masked GEMMs on the tensor cores.
+//
+// Tap (kd, kh, kw) is used by exactly one phase p of every pool window q, reading input q + delta (per dim: tap 1 is
+// phase bit 0 with delta 0, tap 2 phase bit 1 with delta 0, tap 0 phase bit 1 with delta 1). So
+//   grad_weight[ci, co, tap] = sum_q x[q + delta(tap), ci] * G_p(tap)[q, co],  G_p[q, co] = grad_conv[q, co] if
+//   offset[q, co] == p else 0,
+// a GEMM per tap with M = 16 input channels, N = 32 output channels and K = the pooled positions. A block stages a
+// tile of 2 x 4 x 16 pooled positions (grad_conv and its offsets) and the input halo (3 x 5 x 17 positions); each of
+// 7 warps owns up to 4 taps grouped by phase, so one masked B fragment serves all the warp's taps of that phase.
+// The mask is built per fragment word from one-hot offset bytes kept beside grad_conv in fragment order.
+//
+// Blocks are persistent over the K tiles and keep their taps' accumulators in registers; each writes one partial
+// [27, 16, 32] per (block, channel tile), which grad_weight_reduce_kernel sums in block order: deterministic.
+#pragma once
+
+#include "conv_post_pool_mma.cuh"
+
+#include <c10/cuda/CUDAException.h>
+
+#include <cstdint>
+
+namespace fused {
+namespace conv_grad {
+
+using conv_pool::Mode;
+using conv_pool::ModeTraits;
+
+constexpr int kThreads = 256;
+constexpr int kTD = 2, kTH = 4, kTW = 16;  // pooled positions per K tile
+constexpr int kPos = kTD * kTH * kTW;
+constexpr int kHD = kTD + 1, kHH = kTH + 1, kHW = kTW + 1;  // input halo: q and q + 1 per dim
+constexpr int kHaloRows = kHD * kHH;
+constexpr int kBM = 16;  // input channels per block (one mma row tile)
+constexpr int kNT = 4;   // 8-column mma tiles
+constexpr int kBN = 8 * kNT;  // output channels per block
+constexpr int kMaxTaps = 4;   // per warp
+constexpr int kComputeWarps = 7;
+
+struct WeightGradParams {
+  const void* gc;         // grad_conv
+  const uint8_t* off;     // offsets, grad_conv's strides
+  const void* x;          // input
+  float* ws;              // partials [gridDim.x, ci tiles, co tiles, 27, kBM, kBN]
+  int64_t sg[5];          // grad_conv / offsets strides (n, c, d, h, w)
+  int64_t sx[5];          // input strides
+  int64_t n_tiles;
+  int N, Cin, Cout, D, H, W, PD, PH, PW;
+  int tiles_d, tiles_h, tiles_w;
+  bool g_channels_last, x_channels_last;  // staging loop order only
+};
+
+// Shared-memory layout of one K tile, in 32-bit words.
+template <Mode M>
+struct Smem {
+  static constexpr bool kHalf = ModeTraits<M>::kHalf;
+  static constexpr int kPosPerWord = kHalf ? 2 : 1;  // positions per k-word (the GEMM's K is positions)
+  static constexpr int kSteps = kPos / (8 * kPosPerWord);
+  // B (grad_conv) in fragment order: per k-step, per pair of column tiles, 32 lanes x 4 words.
+  static constexpr int kGWords = kSteps * 2 * 128;
+  // One-hot offset bytes (1 << offset; 0 outside the tensor): per k-step and lane, one byte per element of its 8
+  // B words, in word order (two per word for 16-bit types).
+  static constexpr int kOneHotBytesPerLane = 8 * kPosPerWord;
+  static constexpr int kOneHotWords = kSteps * 32 * kOneHotBytesPerLane / 4;
+  // A (the input halo): float32: [ci][halo position], the pitch = 4 (mod 32) so a fragment's 8 rows x 4 k-words hit
+  // 32 banks; 16-bit: two copies [w parity shift][ci][halo row][8 position pairs], pairs (2j, 2j + 1) and (2j + 1,
+  // 2j + 2), since a k-word of the mma holds two consecutive positions and tap delta_w = 1 starts at an odd one.
+  static constexpr int kXPitch = kHalf ? 132 : 260;
+  static_assert(kHalf ? kXPitch >= kHaloRows * 8 : kXPitch >= kHaloRows * kHW, "halo must fit its pitch");
+  static constexpr int kXWords = (kHalf ? 2 : 1) * kBM * kXPitch;
+  static constexpr int kWords = kGWords + kOneHotWords + kXWords;
+  static constexpr size_t kBytes = static_cast<size_t>(kWords) * 4;
+};
+
+// The taps of each compute warp: up to two phases, with the deltas (bits dd << 2 | dh << 1 | dw) of their taps.
+// Phases with more taps take a warp alone (phase 7, with 8 taps, two).
+struct WarpTaps {
+  int nphase;
+  int phase[2];
+  int ntap[2];
+  int delta[2][kMaxTaps];
+};
+__host__ __device__ constexpr WarpTaps warp_taps(int w) {
+  return w == 0   ? WarpTaps{2, {0, 1}, {1, 2}, {{0, 0, 0, 0}, {0, 1, 0, 0}}}
+         : w == 1 ? WarpTaps{2, {2, 4}, {2, 2}, {{0, 2, 0, 0}, {0, 4, 0, 0}}}
+         : w == 2 ? WarpTaps{1, {3, 0}, {4, 0}, {{0, 1, 2, 3}, {0, 0, 0, 0}}}
+         : w == 3 ? WarpTaps{1, {5, 0}, {4, 0}, {{0, 1, 4, 5}, {0, 0, 0, 0}}}
+         : w == 4 ? WarpTaps{1, {6, 0}, {4, 0}, {{0, 2, 4, 6}, {0, 0, 0, 0}}}
+         : w == 5 ? WarpTaps{1, {7, 0}, {4, 0}, {{0, 1, 2, 3}, {0, 0, 0, 0}}}
+                  : WarpTaps{1, {7, 0}, {4, 0}, {{4, 5, 6, 7}, {0, 0, 0, 0}}};
+}
+
+// Tap index kd * 9 + kh * 3 + kw of phase p with input delta d (per dim: bit 0 -> tap 1; bit 1, delta 0 -> tap 2;
+// bit 1, delta 1 -> tap 0).
+__host__ __device__ constexpr int tap_of(int p, int d) {
+  return ((p & 4) ? ((d & 4) ? 0 : 2) : 1) * 9 + ((p & 2) ? ((d & 2) ? 0 : 2) : 1) * 3 +
+         ((p & 1) ? ((d & 1) ? 0 : 2) : 1);
+}
+
+// A value of the staged tensors as the mma wants it.
+template <Mode M>
+__device__ __forceinline__ uint32_t operand_word(float v) {
+  return M == Mode::kTF32 ? conv_pool::tf32_round(v) : __float_as_uint(v);
+}
+
+// The K tile's position: batch n and its first pooled position.
+struct TileOrigin {
+  int n, qd0, qh0, qw0;
+};
+__device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int64_t tile) {
+  TileOrigin o;
+  int64_t rem = tile;
+  o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
+  rem /= p.tiles_w;
+  o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
+  rem /= p.tiles_h;
+  o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
+  o.n = static_cast<int>(rem / p.tiles_d);
+  return o;
+}
+
+// Element counts per thread of one tile's staging.
+constexpr int kGradPer = kPos * kBN / kThreads;
+template <Mode M>
+struct HaloCount {
+  static constexpr int kTotal = ModeTraits<M>::kHalf ? 2 * kBM * kHaloRows * (kTW / 2) : kBM * kHaloRows * kHW;
+  static constexpr int kPer = (kTotal + kThreads - 1) / kThreads;
+};
+
+// One tile's global values, loaded into registers while the previous tile is computed, then stored to shared
+// memory (the loads' latency hides behind the tensor-core work; one block per multiprocessor needs that).
+template <Mode M>
+struct TileRegs {
+  uint32_t g[kGradPer];    // grad_conv words (16-bit values in the low half)
+  uint32_t off[kGradPer / 4];  // offsets, one byte each; 8 (no phase: a zero one-hot) outside the tensor
+  uint32_t x[HaloCount<M>::kPer];
+};
+
+// Element i of the grad_conv tile: its output-channel column and tile position, in the tensor's memory order so
+// that consecutive threads read consecutive addresses.
+__device__ __forceinline__ void grad_element_of(const WeightGradParams& p, int i, int& col, int& pos) {
+  if (p.g_channels_last) {
+    col = i % kBN;
+    pos = i / kBN;
+  } else {
+    pos = i % kPos;
+    col = i / kPos;
+  }
+}
+
+// Halo element i: input channel and (float32) halo position, or (16-bit) shift, halo row and position pair.
+template <Mode M>
+__device__ __forceinline__ void halo_element_of(const WeightGradParams& p, int i, int& ci, int& rest) {
+  constexpr int kPerCi = HaloCount<M>::kTotal / kBM;
+  if (p.x_channels_last) {
+    ci = i % kBM;
+    rest = i / kBM;
+  } else {
+    rest = i % kPerCi;
+    ci = i / kPerCi;
+  }
+}
+
+template <Mode M>
+__device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileOrigin& o, int ci0, int co0,
+                                          TileRegs<M>& r) {
+  constexpr bool kHalf = ModeTraits<M>::kHalf;
+  static_assert(kGradPer % 4 == 0, "offset bytes are packed four to a word");
+  const int64_t gbase = static_cast<int64_t>(o.n) * p.sg[0];
+#pragma unroll
+  for (int u = 0; u < kGradPer; ++u) {
+    int col, pos;
+    grad_element_of(p, threadIdx.x + u * kThreads, col, pos);
+    const int co = co0 + col, qd = o.qd0 + pos / (kTH * kTW), qh = o.qh0 + (pos / kTW) % kTH, qw = o.qw0 + pos % kTW;
+    r.g[u] = 0u;
+    uint32_t o8 = 8u;
+    if (co < p.Cout && qd < p.PD && qh < p.PH && qw < p.PW) {
+      const int64_t at = gbase + co * p.sg[1] + qd * p.sg[2] + qh * p.sg[3] + qw * p.sg[4];
+      if constexpr (kHalf) {
+        r.g[u] = static_cast<const uint16_t*>(p.gc)[at];
+      } else {
+        r.g[u] = __float_as_uint(static_cast<const float*>(p.gc)[at]);
+      }
+      o8 = p.off[at] & 7u;
+    }
+    if (u % 4 == 0) r.off[u / 4] = 0u;
+    r.off[u / 4] |= o8 << (8 * (u % 4));
+  }
+  const int64_t xbase = static_cast<int64_t>(o.n) * p.sx[0];
+  constexpr int kX = HaloCount<M>::kPer;
+#pragma unroll
+  for (int u = 0; u < kX; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    int ci, rest;
+    halo_element_of<M>(p, i, ci, rest);
+    const int c = ci0 + ci;
+    r.x[u] = 0u;
+    if constexpr (!kHalf) {
+      const int d = o.qd0 + rest / (kHH * kHW), h = o.qh0 + (rest / kHW) % kHH, w = o.qw0 + rest % kHW;
+      if (i < HaloCount<M>::kTotal && c < p.Cin && d < p.D && h < p.H && w < p.W) {
+        r.x[u] = __float_as_uint(
+            static_cast<const float*>(p.x)[xbase + c * p.sx[1] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4]]);
+      }
+    } else {
+      // Word (shift, ci, row, pair j) = (x[2j + shift], x[2j + shift + 1]) along w.
+      constexpr int kPairs = kTW / 2;
+      const int j = rest % kPairs, shift = (rest / kPairs) % 2, row = rest / (2 * kPairs);
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j + shift;
+      if (i < HaloCount<M>::kTotal && c < p.Cin && d < p.D && h < p.H) {
+        const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+        const int64_t at = xbase + c * p.sx[1] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
+        const uint32_t lo = w < p.W ? x16[at] : 0u;
+        const uint32_t hi = w + 1 < p.W ? x16[at + p.sx[4]] : 0u;
+        r.x[u] = lo | (hi << 16);
+      }
+    }
+  }
+}
+
+// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as
+// A words; float32 operands TF32-rounded for the TF32 mode.
+template <Mode M>
+__device__ __forceinline__ void store_tile(const WeightGradParams& p, const TileRegs<M>& r, uint32_t* __restrict__ sG,
+                                           uint8_t* __restrict__ sOH, uint32_t* __restrict__ sX) {
+  using S = Smem<M>;
+#pragma unroll
+  for (int u = 0; u < kGradPer; ++u) {
+    int col, pos;
+    grad_element_of(p, threadIdx.x + u * kThreads, col, pos);
+    // Fragment position: k-step s, k-word kw (t = kw % 4, hi = kw / 4), half hs of the word (16-bit types).
+    const int kpos = pos % (8 * S::kPosPerWord);
+    const int s = pos / (8 * S::kPosPerWord);
+    const int kw = kpos / S::kPosPerWord, hs = kpos % S::kPosPerWord;
+    const int t = kw & 3, hi = kw >> 2;
+    const int nt = col >> 3, lane = (col & 7) * 4 + t;
+    const int word = (s * 2 + (nt >> 1)) * 128 + lane * 4 + (nt & 1) * 2 + hi;
+    if constexpr (S::kHalf) {
+      reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
+    } else {
+      sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
+    }
+    sOH[(s * 32 + lane) * S::kOneHotBytesPerLane + (nt * 2 + hi) * S::kPosPerWord + hs] =
+        static_cast<uint8_t>((1u << ((r.off[u / 4] >> (8 * (u % 4))) & 0xffu)) & 0xffu);
+  }
+  constexpr int kX = HaloCount<M>::kPer;
+#pragma unroll
+  for (int u = 0; u < kX; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    if (i >= HaloCount<M>::kTotal) continue;
+    int ci, rest;
+    halo_element_of<M>(p, i, ci, rest);
+    if constexpr (S::kHalf) {
+      constexpr int kPairs = kTW / 2;
+      const int j = rest % kPairs, shift = (rest / kPairs) % 2, row = rest / (2 * kPairs);
+      sX[(shift * kBM + ci) * S::kXPitch + row * kPairs + j] = r.x[u];
+    } else {
+      sX[ci * S::kXPitch + rest] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
+    }
+  }
+}
+
+// Byte-wise masks (0xff where the element's offset is phase P) of this lane's one-hot bytes.
+template <int P, int NW>
+__device__ __forceinline__ void phase_masks(const uint32_t (&hot)[NW], uint32_t (&bm)[NW]) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) bm[i] = ((hot[i] >> P) & 0x01010101u) * 0xffu;
+}
+
+// Word mask of B word J (J = nt * 2 + hi) from the byte masks.
+template <bool HALF, int J, int NW>
+__device__ __forceinline__ uint32_t word_mask(const uint32_t (&bm)[NW]) {
+  constexpr int j = J;
+  if constexpr (!HALF) {
+    return __byte_perm(bm[j >> 2], 0u, (j & 3) * 0x1111u);
+  } else {
+    const int e0 = (2 * j) & 3, e1 = e0 + 1;
+    return __byte_perm(bm[j >> 1], 0u, e0 | (e0 << 4) | (e1 << 8) | (e1 << 12));
+  }
+}
+
+// acc[tap] += A(delta) x G_P masked, over one k-step, for the warp's taps of phase slot PI.
+template <Mode M, int WARP, int PI, int TAP0>
+__device__ __forceinline__ void phase_step(float (&acc)[kMaxTaps][kNT][4], const uint32_t (&b)[kNT][2],
+                                           const uint32_t (&hot)[Smem<M>::kOneHotBytesPerLane / 4],
+                                           const uint32_t* __restrict__ sX, int a_base, int step) {
+  using S = Smem<M>;
+  constexpr WarpTaps WT = warp_taps(WARP);
+  constexpr int P = WT.phase[PI];
+  constexpr int NW = S::kOneHotBytesPerLane / 4;
+  uint32_t bm[NW];
+  phase_masks<P, NW>(hot, bm);
+  uint32_t bq[kNT][2];
+  bq[0][0] = b[0][0] & word_mask<S::kHalf, 0>(bm);
+  bq[0][1] = b[0][1] & word_mask<S::kHalf, 1>(bm);
+  bq[1][0] = b[1][0] & word_mask<S::kHalf, 2>(bm);
+  bq[1][1] = b[1][1] & word_mask<S::kHalf, 3>(bm);
+  bq[2][0] = b[2][0] & word_mask<S::kHalf, 4>(bm);
+  bq[2][1] = b[2][1] & word_mask<S::kHalf, 5>(bm);
+  bq[3][0] = b[3][0] & word_mask<S::kHalf, 6>(bm);
+  bq[3][1] = b[3][1] & word_mask<S::kHalf, 7>(bm);
+  static_assert(kNT == 4, "the masks above name each column tile");
+  // Strict float32: hi/lo/cross of the masked B words (a masked-out word is 0: every part 0).
+  uint32_t bh[kNT][2], bl[kNT][2], bc[kNT][2];
+  if constexpr (M == Mode::kStrict) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) conv_pool::tf32_split(bq[nt][r], bh[nt][r], bl[nt][r], bc[nt][r]);
+  }
+  // k-step -> the tile row (d, h) and the first w of its positions.
+  int d, h, w0;
+  if constexpr (S::kHalf) {
+    d = step / kTH;
+    h = step % kTH;
+    w0 = 0;
+  } else {
+    d = (step >> 1) / kTH;
+    h = (step >> 1) % kTH;
+    w0 = (step & 1) * 8;
+  }
+  constexpr int kTaps = WT.ntap[PI];
+#pragma unroll
+  for (int k = 0; k < kTaps; ++k) {
+    const int dl = WT.delta[PI][k];
+    const int dd = dl >> 2, dh = (dl >> 1) & 1, dw = dl & 1;
+    int off;
+    if constexpr (S::kHalf) {
+      off = (dw * kBM) * S::kXPitch + ((d + dd) * kHH + h + dh) * (kTW / 2);
+    } else {
+      off = ((d + dd) * kHH + h + dh) * kHW + w0 + dw;
+    }
+    const uint32_t* ap = sX + a_base + off;
+    uint32_t a[4] = {ap[0], ap[8 * S::kXPitch], ap[4], ap[8 * S::kXPitch + 4]};
+    float(&c)[kNT][4] = acc[TAP0 + k];
+    if constexpr (M == Mode::kStrict) {
+      uint32_t ah[4], al[4], ac[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) conv_pool::tf32_split(a[r], ah[r], al[r], ac[r]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        conv_pool::mma<M>(c[nt], al, bc[nt][0], bc[nt][1]);
+        conv_pool::mma<M>(c[nt], ac, bl[nt][0], bl[nt][1]);
+        conv_pool::mma<M>(c[nt], ah, bh[nt][0], bh[nt][1]);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], a, bq[nt][0], bq[nt][1]);
+    }
+  }
+}
+
+// One K tile for compute warp WARP.
+template <Mode M, int WARP>
+__device__ __forceinline__ void warp_tile(float (&acc)[kMaxTaps][kNT][4], const uint32_t* __restrict__ sG,
+                                          const uint8_t* __restrict__ sOH, const uint32_t* __restrict__ sX,
+                                          int lane) {
+  using S = Smem<M>;
+  constexpr WarpTaps WT = warp_taps(WARP);
+  constexpr int NW = S::kOneHotBytesPerLane / 4;
+  const int g = lane >> 2, t = lane & 3;
+  const int a_base = g * S::kXPitch + t;
+#pragma unroll 1
+  for (int s = 0; s < S::kSteps; ++s) {
+    const uint4 b01 = *reinterpret_cast<const uint4*>(sG + (s * 2) * 128 + lane * 4);
+    const uint4 b23 = *reinterpret_cast<const uint4*>(sG + (s * 2 + 1) * 128 + lane * 4);
+    const uint32_t b[kNT][2] = {{b01.x, b01.y}, {b01.z, b01.w}, {b23.x, b23.y}, {b23.z, b23.w}};
+    uint32_t hot[NW];
+    const uint32_t* hp = reinterpret_cast<const uint32_t*>(sOH) + (s * 32 + lane) * NW;
+    if constexpr (NW == 2) {
+      const uint2 h2 = *reinterpret_cast<const uint2*>(hp);
+      hot[0] = h2.x;
+      hot[1] = h2.y;
+    } else {
+      const uint4 h4 = *reinterpret_cast<const uint4*>(hp);
+      hot[0] = h4.x;
+      hot[1] = h4.y;
+      hot[2] = h4.z;
+      hot[3] = h4.w;
+    }
+    phase_step<M, WARP, 0, 0>(acc, b, hot, sX, a_base, s);
+    if constexpr (WT.nphase > 1) phase_step<M, WARP, 1, WT.ntap[0]>(acc, b, hot, sX, a_base, s);
+  }
+}
+
+// Writes compute warp WARP's accumulators to the block's partial [27, kBM, kBN].
+template <int WARP>
+__device__ __forceinline__ void store_partial(const float (&acc)[kMaxTaps][kNT][4], float* __restrict__ part,
+                                              int lane) {
+  constexpr WarpTaps WT = warp_taps(WARP);
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int kPhases = WT.nphase;
+  constexpr int kTaps0 = WT.ntap[0];
+#pragma unroll
+  for (int pi = 0; pi < kPhases; ++pi) {
+#pragma unroll
+    for (int k = 0; k < kMaxTaps; ++k) {
+      if (k >= WT.ntap[pi]) break;
+      const int slot = (pi == 0 ? 0 : kTaps0) + k;
+      const int tap = tap_of(WT.phase[pi], WT.delta[pi][k]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int m = g + 8 * (j >> 1), col = nt * 8 + 2 * t + (j & 1);
+          part[(tap * kBM + m) * kBN + col] = acc[slot][nt][j];
+        }
+      }
+    }
+  }
+}
+
+// One block per multiprocessor (the registers hold the accumulators and the next tile's loads).
+template <Mode M>
+__global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGradParams p) {
+  using S = Smem<M>;
+  extern __shared__ __align__(16) uint32_t smem[];
+  uint32_t* sG = smem;
+  uint8_t* sOH = reinterpret_cast<uint8_t*>(smem + S::kGWords);
+  uint32_t* sX = smem + S::kGWords + S::kOneHotWords;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ci0 = blockIdx.y * kBM, co0 = blockIdx.z * kBN;
+
+  float acc[kMaxTaps][kNT][4];
+#pragma unroll
+  for (int i = 0; i < kMaxTaps; ++i)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][nt][j] = 0.f;
+
+  // Software pipeline: the next tile's global loads are in flight while this tile is computed.
+  TileRegs<M> regs;
+  if (blockIdx.x < p.n_tiles) load_tile<M>(p, tile_origin(p, blockIdx.x), ci0, co0, regs);
+  for (int64_t tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+    __syncthreads();  // the previous tile's reads of shared memory are done
+    store_tile<M>(p, regs, sG, sOH, sX);
+    __syncthreads();
+    const int64_t next = tile + gridDim.x;
+    if (next < p.n_tiles) load_tile<M>(p, tile_origin(p, next), ci0, co0, regs);
+    switch (warp) {
+      case 0: warp_tile<M, 0>(acc, sG, sOH, sX, lane); break;
+      case 1: warp_tile<M, 1>(acc, sG, sOH, sX, lane); break;
+      case 2: warp_tile<M, 2>(acc, sG, sOH, sX, lane); break;
+      case 3: warp_tile<M, 3>(acc, sG, sOH, sX, lane); break;
+      case 4: warp_tile<M, 4>(acc, sG, sOH, sX, lane); break;
+      case 5: warp_tile<M, 5>(acc, sG, sOH, sX, lane); break;
+      case 6: warp_tile<M, 6>(acc, sG, sOH, sX, lane); break;
+      default: break;  // the eighth warp only stages
+    }
+  }
+
+  const int64_t part_index =
+      (static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y) * gridDim.z + blockIdx.z;
+  float* part = p.ws + part_index * (27 * kBM * kBN);
+  switch (warp) {
+    case 0: store_partial<0>(acc, part, lane); break;
+    case 1: store_partial<1>(acc, part, lane); break;
+    case 2: store_partial<2>(acc, part, lane); break;
+    case 3: store_partial<3>(acc, part, lane); break;
+    case 4: store_partial<4>(acc, part, lane); break;
+    case 5: store_partial<5>(acc, part, lane); break;
+    case 6: store_partial<6>(acc, part, lane); break;
+    default: break;
+  }
+}
+
+// grad_weight[ci, co, tap] = sum over blocks (in block order) of the partials, in the dtype, through its strides.
+template <typename io_t>
+__global__ void __launch_bounds__(256) grad_weight_reduce_kernel(const float* __restrict__ ws, int64_t blocks,
+                                                                 int ci_tiles, int co_tiles, int Cin, int Cout,
+                                                                 io_t* __restrict__ gw, int64_t s0, int64_t s1,
+                                                                 int64_t s2, int64_t s3, int64_t s4) {
+  const int64_t per_block = static_cast<int64_t>(ci_tiles) * co_tiles * 27 * kBM * kBN;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= per_block) return;
+  const int col = static_cast<int>(i % kBN);
+  const int m = static_cast<int>((i / kBN) % kBM);
+  const int tap = static_cast<int>((i / (kBN * kBM)) % 27);
+  const int64_t tile = i / (27 * kBM * kBN);
+  const int cot = static_cast<int>(tile % co_tiles), cit = static_cast<int>(tile / co_tiles);
+  const int ci = cit * kBM + m, co = cot * kBN + col;
+  if (ci >= Cin || co >= Cout) return;
+  float s = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) s += ws[b * per_block + i];
+  gw[ci * s0 + co * s1 + (tap / 9) * s2 + ((tap / 3) % 3) * s3 + (tap % 3) * s4] = conv_pool::from_float<io_t>(s);
+}
+
+}  // namespace conv_grad
+}  // namespace fused
