@@ -41,14 +41,15 @@ struct GradConvArgs {
 
 // One element: the gradient stored at the selected tap and its two sum contributions.
 template <typename scalar_t>
-__device__ __forceinline__ void grad_element(const GradConvArgs<scalar_t>& a, int64_t i, float m, float& cb,
-                                             float& cm) {
-  const float x = static_cast<float>(a.sel[i]);
-  const float g = 0.f + static_cast<float>(a.go[i]);  // as eager accumulates into a zeroed buffer
-  const scalar_t gx = static_cast<scalar_t>(grad_input_of(g, x, m, a.s1, a.s2));
-  a.gc[i] = gx;
+__device__ __forceinline__ void grad_element(const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel,
+                                             scalar_t* __restrict__ gc, int64_t i, float m, float s1, float s2,
+                                             float& cb, float& cm) {
+  const float x = static_cast<float>(sel[i]);
+  const float g = 0.f + static_cast<float>(go[i]);  // as eager accumulates into a zeroed buffer
+  const scalar_t gx = static_cast<scalar_t>(grad_input_of(g, x, m, s1, s2));
+  gc[i] = gx;
   cb += static_cast<float>(gx);
-  cm += grad_multiplier_of(g, x, m, a.s1, a.s2);
+  cm += grad_multiplier_of(g, x, m, s1, s2);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -69,7 +70,11 @@ __global__ void __launch_bounds__(kThreads) grad_conv_planes_kernel(const GradCo
   const int64_t lo = chunk * kPlaneChunk;
   const int64_t hi = lo + kPlaneChunk < P ? lo + kPlaneChunk : P;
   float cb = 0.f, cm = 0.f;
-  for (int64_t q = lo + threadIdx.x; q < hi; q += kThreads) grad_element(a, plane * P + q, m, cb, cm);
+  // Unrolled so that several elements' loads are in flight at once (the pointers do not alias).
+#pragma unroll 8
+  for (int64_t q = lo + threadIdx.x; q < hi; q += kThreads) {
+    grad_element(a.go, a.sel, a.gc, plane * P + q, m, a.s1, a.s2, cb, cm);
+  }
   __shared__ float sums[2][kWarps];
   cb = warp_sum(cb);
   cm = warp_sum(cm);
@@ -104,7 +109,8 @@ __global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConv
   const int64_t hi = lo + kRowChunk < rows ? lo + kRowChunk : rows;
   float cb = 0.f, cm = 0.f;
   if (ok) {
-    for (int64_t r = lo + warp; r < hi; r += kWarps) grad_element(a, r * C + c, m, cb, cm);
+#pragma unroll 8
+    for (int64_t r = lo + warp; r < hi; r += kWarps) grad_element(a.go, a.sel, a.gc, r * C + c, m, a.s1, a.s2, cb, cm);
   }
   __shared__ float sums[2][kWarps][32];
   sums[0][warp][lane] = cb;

@@ -92,14 +92,13 @@ void launch_conv_post_pool_grad_weight_cuda(const at::Tensor& grad_conv, const a
   }
   TORCH_INTERNAL_ASSERT(std::max({D, H, W, Cin, Cout}) < (int64_t(1) << 30));
 
+  // The kernel stages from contiguous tensors (its address arithmetic is per-thread bases plus fixed steps);
+  // other layouts are copied first.
+  const at::Tensor gc = grad_conv.contiguous(), off = offsets.contiguous(), x = input.contiguous();
   WeightGradParams p{};
-  p.gc = grad_conv.data_ptr();
-  p.off = static_cast<const uint8_t*>(offsets.data_ptr());
-  p.x = input.data_ptr();
-  for (int i = 0; i < 5; ++i) {
-    p.sg[i] = grad_conv.stride(i);
-    p.sx[i] = input.stride(i);
-  }
+  p.gc = gc.data_ptr();
+  p.off = static_cast<const uint8_t*>(off.data_ptr());
+  p.x = x.data_ptr();
   p.N = static_cast<int>(N);
   p.Cin = static_cast<int>(Cin);
   p.Cout = static_cast<int>(Cout);
@@ -113,8 +112,6 @@ void launch_conv_post_pool_grad_weight_cuda(const at::Tensor& grad_conv, const a
   p.tiles_h = static_cast<int>(ceil_div(PH, kTH));
   p.tiles_w = static_cast<int>(ceil_div(PW, kTW));
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
-  p.g_channels_last = Cout > 1 && grad_conv.stride(1) == 1;
-  p.x_channels_last = Cin > 1 && input.stride(1) == 1;
   const int ci_tiles = static_cast<int>(ceil_div(Cin, kBM)), co_tiles = static_cast<int>(ceil_div(Cout, kBN));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();

@@ -38,16 +38,13 @@ constexpr int kMaxTaps = 4;   // per warp
 constexpr int kComputeWarps = 7;
 
 struct WeightGradParams {
-  const void* gc;         // grad_conv
-  const uint8_t* off;     // offsets, grad_conv's strides
-  const void* x;          // input
+  const void* gc;         // grad_conv, contiguous
+  const uint8_t* off;     // offsets, contiguous
+  const void* x;          // input, contiguous
   float* ws;              // partials [gridDim.x, ci tiles, co tiles, 27, kBM, kBN]
-  int64_t sg[5];          // grad_conv / offsets strides (n, c, d, h, w)
-  int64_t sx[5];          // input strides
   int64_t n_tiles;
   int N, Cin, Cout, D, H, W, PD, PH, PW;
   int tiles_d, tiles_h, tiles_w;
-  bool g_channels_last, x_channels_last;  // staging loop order only
 };
 
 // Shared-memory layout of one K tile, in 32-bit words.
@@ -68,7 +65,9 @@ struct Smem {
   static constexpr int kXPitch = kHalf ? 132 : 260;
   static_assert(kHalf ? kXPitch >= kHaloRows * 8 : kXPitch >= kHaloRows * kHW, "halo must fit its pitch");
   static constexpr int kXWords = (kHalf ? 2 : 1) * kBM * kXPitch;
-  static constexpr int kWords = kGWords + kOneHotWords + kXWords;
+  // 16-bit: the halo's last column (w = 16) of every (channel, row), for the shift-1 pairs.
+  static constexpr int kLastWords = kHalf ? kBM * kHaloRows / 2 : 0;
+  static constexpr int kWords = kGWords + kOneHotWords + kXWords + kLastWords;
   static constexpr size_t kBytes = static_cast<size_t>(kWords) * 4;
 };
 
@@ -119,143 +118,155 @@ __device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int
   return o;
 }
 
-// Element counts per thread of one tile's staging.
-constexpr int kGradPer = kPos * kBN / kThreads;
-template <Mode M>
-struct HaloCount {
-  static constexpr int kTotal = ModeTraits<M>::kHalf ? 2 * kBM * kHaloRows * (kTW / 2) : kBM * kHaloRows * kHW;
-  static constexpr int kPer = (kTotal + kThreads - 1) / kThreads;
-};
+// Loads whose issue order the compiler keeps (volatile asm is not moved across the mma asm): the next tile's
+// loads are issued before this tile's products and their latency hides behind them.
+__device__ __forceinline__ uint32_t ld_u32(const void* ptr) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_u16(const void* ptr) {
+  uint16_t v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
+  uint16_t v;
+  asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
 
-// One tile's global values, loaded into registers while the previous tile is computed, then stored to shared
-// memory (the loads' latency hides behind the tensor-core work; one block per multiprocessor needs that).
+// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it so), and the element ->
+// thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus compile-time steps:
+//   grad_conv/offsets: tile position tp = tid % 128, output-channel columns c0 + 2u (c0 = tid / 128, u < 16);
+//   float32 input halo: halo position tid (< 255), input channels u < 16;
+//   16-bit input halo: halo row tid / 8 % 16 (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8),
+//   plus the last halo column (w = 16) of (channel, row) = (tid / 15, tid % 15) for tid < 240.
+constexpr int kGradPer = kPos * kBN / kThreads;  // 16
 template <Mode M>
 struct TileRegs {
-  uint32_t g[kGradPer];    // grad_conv words (16-bit values in the low half)
-  uint32_t off[kGradPer / 4];  // offsets, one byte each; 8 (no phase: a zero one-hot) outside the tensor
-  uint32_t x[HaloCount<M>::kPer];
+  static constexpr int kX = ModeTraits<M>::kHalf ? 17 : 16;
+  uint32_t g[kGradPer];    // grad_conv bits
+  uint32_t off[kGradPer];  // offsets; 8 (no phase: a zero one-hot) outside the tensor
+  uint32_t x[kX];          // input bits (16-bit: 8 pairs as 16 halves, then the last column)
 };
-
-// Element i of the grad_conv tile: its output-channel column and tile position, in the tensor's memory order so
-// that consecutive threads read consecutive addresses.
-__device__ __forceinline__ void grad_element_of(const WeightGradParams& p, int i, int& col, int& pos) {
-  if (p.g_channels_last) {
-    col = i % kBN;
-    pos = i / kBN;
-  } else {
-    pos = i % kPos;
-    col = i / kPos;
-  }
-}
-
-// Halo element i: input channel and (float32) halo position, or (16-bit) shift, halo row and position pair.
-template <Mode M>
-__device__ __forceinline__ void halo_element_of(const WeightGradParams& p, int i, int& ci, int& rest) {
-  constexpr int kPerCi = HaloCount<M>::kTotal / kBM;
-  if (p.x_channels_last) {
-    ci = i % kBM;
-    rest = i / kBM;
-  } else {
-    rest = i % kPerCi;
-    ci = i / kPerCi;
-  }
-}
 
 template <Mode M>
 __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileOrigin& o, int ci0, int co0,
                                           TileRegs<M>& r) {
   constexpr bool kHalf = ModeTraits<M>::kHalf;
-  static_assert(kGradPer % 4 == 0, "offset bytes are packed four to a word");
-  const int64_t gbase = static_cast<int64_t>(o.n) * p.sg[0];
+  const int tid = threadIdx.x;
+  {
+    const int tp = tid % kPos, c0 = tid / kPos;
+    const int qd = o.qd0 + tp / (kTH * kTW), qh = o.qh0 + (tp / kTW) % kTH, qw = o.qw0 + tp % kTW;
+    const bool pos_ok = qd < p.PD && qh < p.PH && qw < p.PW;
+    const int64_t at = ((static_cast<int64_t>(o.n) * p.Cout + co0 + c0) * p.PD + qd) * p.PH * p.PW +
+                       static_cast<int64_t>(qh) * p.PW + qw;
+    const int64_t step = 2 * static_cast<int64_t>(p.PD) * p.PH * p.PW;
 #pragma unroll
-  for (int u = 0; u < kGradPer; ++u) {
-    int col, pos;
-    grad_element_of(p, threadIdx.x + u * kThreads, col, pos);
-    const int co = co0 + col, qd = o.qd0 + pos / (kTH * kTW), qh = o.qh0 + (pos / kTW) % kTH, qw = o.qw0 + pos % kTW;
-    r.g[u] = 0u;
-    uint32_t o8 = 8u;
-    if (co < p.Cout && qd < p.PD && qh < p.PH && qw < p.PW) {
-      const int64_t at = gbase + co * p.sg[1] + qd * p.sg[2] + qh * p.sg[3] + qw * p.sg[4];
+    for (int u = 0; u < kGradPer; ++u) {
+      const bool ok = pos_ok && co0 + c0 + 2 * u < p.Cout;
+      const int64_t e = at + u * step;
       if constexpr (kHalf) {
-        r.g[u] = static_cast<const uint16_t*>(p.gc)[at];
+        r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
       } else {
-        r.g[u] = __float_as_uint(static_cast<const float*>(p.gc)[at]);
+        r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
       }
-      o8 = p.off[at] & 7u;
+      r.off[u] = ok ? ld_u8(p.off + e) : 8u;
     }
-    if (u % 4 == 0) r.off[u / 4] = 0u;
-    r.off[u / 4] |= o8 << (8 * (u % 4));
   }
-  const int64_t xbase = static_cast<int64_t>(o.n) * p.sx[0];
-  constexpr int kX = HaloCount<M>::kPer;
+  const int64_t plane = static_cast<int64_t>(p.D) * p.H * p.W;
+  if constexpr (!kHalf) {
+    const int hd = tid / (kHH * kHW), hh = (tid / kHW) % kHH, hw = tid % kHW;
+    const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
+    const bool pos_ok = tid < kHaloRows * kHW && d < p.D && h < p.H && w < p.W;
+    const int64_t at = (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
-  for (int u = 0; u < kX; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    int ci, rest;
-    halo_element_of<M>(p, i, ci, rest);
-    const int c = ci0 + ci;
-    r.x[u] = 0u;
-    if constexpr (!kHalf) {
-      const int d = o.qd0 + rest / (kHH * kHW), h = o.qh0 + (rest / kHW) % kHH, w = o.qw0 + rest % kHW;
-      if (i < HaloCount<M>::kTotal && c < p.Cin && d < p.D && h < p.H && w < p.W) {
-        r.x[u] = __float_as_uint(
-            static_cast<const float*>(p.x)[xbase + c * p.sx[1] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4]]);
+    for (int u = 0; u < 16; ++u) {
+      r.x[u] = pos_ok && ci0 + u < p.Cin ? ld_u32(static_cast<const float*>(p.x) + at + u * plane) : 0u;
+    }
+  } else {
+    const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+    {
+      const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
+      const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
+      const int64_t at =
+          (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const bool ok = row_ok && ci0 + c0 + 2 * u < p.Cin;
+        r.x[2 * u] = ok && w < p.W ? ld_u16(x16 + at + 2 * u * plane) : 0u;
+        r.x[2 * u + 1] = ok && w + 1 < p.W ? ld_u16(x16 + at + 2 * u * plane + 1) : 0u;
       }
-    } else {
-      // Word (shift, ci, row, pair j) = (x[2j + shift], x[2j + shift + 1]) along w.
-      constexpr int kPairs = kTW / 2;
-      const int j = rest % kPairs, shift = (rest / kPairs) % 2, row = rest / (2 * kPairs);
-      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j + shift;
-      if (i < HaloCount<M>::kTotal && c < p.Cin && d < p.D && h < p.H) {
-        const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
-        const int64_t at = xbase + c * p.sx[1] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
-        const uint32_t lo = w < p.W ? x16[at] : 0u;
-        const uint32_t hi = w + 1 < p.W ? x16[at + p.sx[4]] : 0u;
-        r.x[u] = lo | (hi << 16);
-      }
+    }
+    {
+      const int ci = tid / kHaloRows, row = tid % kHaloRows;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + kTW;
+      const bool ok = tid < kBM * kHaloRows && ci0 + ci < p.Cin && d < p.D && h < p.H && w < p.W;
+      r.x[16] = ok ? ld_u16(x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + ci) * plane +
+                            (static_cast<int64_t>(d) * p.H + h) * p.W + w)
+                   : 0u;
     }
   }
 }
 
-// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as
-// A words; float32 operands TF32-rounded for the TF32 mode.
+// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as A
+// words (float32 operands TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards
+// from the stored pairs (build_shifted_pairs), after a barrier.
 template <Mode M>
-__device__ __forceinline__ void store_tile(const WeightGradParams& p, const TileRegs<M>& r, uint32_t* __restrict__ sG,
-                                           uint8_t* __restrict__ sOH, uint32_t* __restrict__ sX) {
+__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t* __restrict__ sG, uint8_t* __restrict__ sOH,
+                                           uint32_t* __restrict__ sX, uint16_t* __restrict__ sLast) {
   using S = Smem<M>;
+  const int tid = threadIdx.x;
+  {
+    const int tp = tid % kPos, c0 = tid / kPos;
+    const int kp = tp % (8 * S::kPosPerWord), sstep = tp / (8 * S::kPosPerWord);
+    const int kw = kp / S::kPosPerWord, hs = kp % S::kPosPerWord, t = kw & 3, hi = kw >> 2;
+    const int wbase = sstep * 256 + c0 * 16 + t * 4 + hi;
+    const int hbase = S::kHalf ? sstep * 512 + c0 * 64 + t * 16 + hi * 2 + hs : sstep * 256 + c0 * 32 + t * 8 + hi;
 #pragma unroll
-  for (int u = 0; u < kGradPer; ++u) {
-    int col, pos;
-    grad_element_of(p, threadIdx.x + u * kThreads, col, pos);
-    // Fragment position: k-step s, k-word kw (t = kw % 4, hi = kw / 4), half hs of the word (16-bit types).
-    const int kpos = pos % (8 * S::kPosPerWord);
-    const int s = pos / (8 * S::kPosPerWord);
-    const int kw = kpos / S::kPosPerWord, hs = kpos % S::kPosPerWord;
-    const int t = kw & 3, hi = kw >> 2;
-    const int nt = col >> 3, lane = (col & 7) * 4 + t;
-    const int word = (s * 2 + (nt >> 1)) * 128 + lane * 4 + (nt & 1) * 2 + hi;
-    if constexpr (S::kHalf) {
-      reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
-    } else {
-      sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
+    for (int u = 0; u < kGradPer; ++u) {
+      const int word = wbase + (u >> 3) * 128 + (u & 3) * 32 + ((u >> 2) & 1) * 2;
+      if constexpr (S::kHalf) {
+        reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
+        sOH[hbase + (u & 3) * 128 + (u >> 2) * 4] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      } else {
+        sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
+        sOH[hbase + (u & 3) * 64 + (u >> 2) * 2] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      }
     }
-    sOH[(s * 32 + lane) * S::kOneHotBytesPerLane + (nt * 2 + hi) * S::kPosPerWord + hs] =
-        static_cast<uint8_t>((1u << ((r.off[u / 4] >> (8 * (u % 4))) & 0xffu)) & 0xffu);
   }
-  constexpr int kX = HaloCount<M>::kPer;
+  if constexpr (!S::kHalf) {
+    if (tid < kHaloRows * kHW) {
 #pragma unroll
-  for (int u = 0; u < kX; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    if (i >= HaloCount<M>::kTotal) continue;
-    int ci, rest;
-    halo_element_of<M>(p, i, ci, rest);
-    if constexpr (S::kHalf) {
-      constexpr int kPairs = kTW / 2;
-      const int j = rest % kPairs, shift = (rest / kPairs) % 2, row = rest / (2 * kPairs);
-      sX[(shift * kBM + ci) * S::kXPitch + row * kPairs + j] = r.x[u];
-    } else {
-      sX[ci * S::kXPitch + rest] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
+      for (int u = 0; u < 16; ++u) {
+        sX[u * S::kXPitch + tid] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
+      }
     }
+  } else {
+    const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
+    if (row < kHaloRows) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        sX[(c0 + 2 * u) * S::kXPitch + row * (kTW / 2) + j] = r.x[2 * u] | (r.x[2 * u + 1] << 16);
+      }
+    }
+    if (tid < kBM * kHaloRows) sLast[tid] = static_cast<uint16_t>(r.x[16]);
+  }
+}
+
+// 16-bit halo: the shift-1 copy, pairs (x[2j + 1], x[2j + 2]), from the stored shift-0 pairs and the last column.
+template <Mode M>
+__device__ __forceinline__ void build_shifted_pairs(uint32_t* __restrict__ sX, const uint16_t* __restrict__ sLast) {
+  using S = Smem<M>;
+  constexpr int kPairs = kTW / 2;
+  constexpr int kTotal = kBM * kHaloRows * kPairs;
+  for (int i = threadIdx.x; i < kTotal; i += kThreads) {
+    const int j = i % kPairs, row = (i / kPairs) % kHaloRows, ci = i / (kPairs * kHaloRows);
+    const uint32_t* src = sX + ci * S::kXPitch + row * kPairs;
+    const uint32_t next = j + 1 < kPairs ? src[j + 1] : static_cast<uint32_t>(sLast[ci * kHaloRows + row]);
+    sX[(kBM + ci) * S::kXPitch + row * kPairs + j] = __byte_perm(src[j], next, 0x5432);
   }
 }
 
@@ -417,6 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
   uint32_t* sG = smem;
   uint8_t* sOH = reinterpret_cast<uint8_t*>(smem + S::kGWords);
   uint32_t* sX = smem + S::kGWords + S::kOneHotWords;
+  uint16_t* sLast = reinterpret_cast<uint16_t*>(sX + S::kXWords);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int ci0 = blockIdx.y * kBM, co0 = blockIdx.z * kBN;
 
@@ -433,8 +445,12 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
   if (blockIdx.x < p.n_tiles) load_tile<M>(p, tile_origin(p, blockIdx.x), ci0, co0, regs);
   for (int64_t tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     __syncthreads();  // the previous tile's reads of shared memory are done
-    store_tile<M>(p, regs, sG, sOH, sX);
+    store_tile<M>(regs, sG, sOH, sX, sLast);
     __syncthreads();
+    if constexpr (S::kHalf) {
+      build_shifted_pairs<M>(sX, sLast);
+      __syncthreads();
+    }
     const int64_t next = tile + gridDim.x;
     if (next < p.n_tiles) load_tile<M>(p, tile_origin(p, next), ci0, co0, regs);
     switch (warp) {
