@@ -16,6 +16,7 @@ input gradient of conv_transpose3d; --check verifies that identity through autog
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -68,8 +69,8 @@ def build(verbose=False):
                 includes.append(inc)
     except ImportError:
         pass
-    srcs = [os.path.join(ROOT, "benchmarks", "conv_grad_input_kernel_binding.cpp"),
-            os.path.join(ROOT, "csrc", "cuda", "conv_post_pool_grad_input.cu")]
+    srcs = [os.path.join(ROOT, "benchmarks", "conv_grad_input_kernel_binding.cpp")]
+    srcs += sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "conv_post_pool_grad_input*.cu")))
     return cpp_extension.load(name="conv_grad_input_kernel_dev", sources=srcs, extra_include_paths=includes,
                               extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo", "-Xptxas=-v"],
                               verbose=verbose)

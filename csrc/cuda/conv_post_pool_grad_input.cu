@@ -1,5 +1,5 @@
 // fused::launch_conv_post_pool_grad_input_cuda (contract in conv_post_pool_backward.h): the kernel parameters, the
-// chunk choice and the dispatch to the kernels of conv_post_pool_grad_input.cuh.
+// chunk choice and the dispatch to the per-precision kernels (conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu).
 #include "conv_post_pool_backward.h"
 
 #include "conv_post_pool_grad_input.cuh"
@@ -24,24 +24,14 @@ void copy_strides(const at::Tensor& t, int64_t (&s)[5]) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <Mode M>
-void launch_mode(const Params& p, int chunk_words, cudaStream_t stream) {
-  switch (chunk_words) {
-    case 8:
-      return launch_one<M, 1>(p, stream);
-    case 16:
-      return launch_one<M, 2>(p, stream);
-    default:
-      if constexpr (M == Mode::kTF32) {
-        TORCH_INTERNAL_ASSERT(chunk_words == 32);
-        return launch_one<M, 4>(p, stream);
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "chunk of ", chunk_words, " k-words");
-      }
-  }
-}
-
 }  // namespace
+
+// Instantiated in the per-precision files.
+extern template void launch_mode<Mode::kTF32>(const Params&, int, cudaStream_t);
+extern template void launch_mode<Mode::kStrict>(const Params&, int, cudaStream_t);
+extern template void launch_mode<Mode::kBF16>(const Params&, int, cudaStream_t);
+extern template void launch_mode<Mode::kFP16>(const Params&, int, cudaStream_t);
+
 }  // namespace grad_input
 }  // namespace conv_pool
 

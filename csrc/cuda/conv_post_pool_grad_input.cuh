@@ -216,7 +216,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
     const int dd = s >> 2, dh = (s >> 1) & 1, dw = s & 1;
     // window q = i - delta
     const int a_off = -((dd * kHH + dh) * kHW + dw);
-#pragma unroll
+    // Strict float32 keeps three parts of every operand: its k-steps run one at a time to stay in registers.
+    constexpr int kUnrollK = M == Mode::kStrict ? 1 : KS;
+#pragma unroll kUnrollK
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t a[kMT][4], code[kMT][4];
 #pragma unroll
@@ -442,6 +444,25 @@ void launch_one(const Params& p, cudaStream_t stream) {
   bx = bx > 0 ? bx : 1;
   kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(grid_y)), kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Dispatch on the chunk size (k-words: 8, 16, or 32 for TF32); instantiated per precision in
+// conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu so that they compile in parallel.
+template <Mode M>
+void launch_mode(const Params& p, int chunk_words, cudaStream_t stream) {
+  switch (chunk_words) {
+    case 8:
+      return launch_one<M, 1>(p, stream);
+    case 16:
+      return launch_one<M, 2>(p, stream);
+    default:
+      if constexpr (M == Mode::kTF32) {
+        TORCH_INTERNAL_ASSERT(chunk_words == 32);
+        return launch_one<M, 4>(p, stream);
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "chunk of ", chunk_words, " k-words");
+      }
+  }
 }
 
 }  // namespace grad_input
