@@ -320,6 +320,22 @@ def graph_time(fn, calls=20, blocks=9):
     return statistics.median(times)
 
 
+def stream_time(fn, calls=50, blocks=9):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(blocks):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(a.elapsed_time(e) * 1000 / calls)
+    return statistics.median(times)
+
+
 def time_all(ext):
     s = KB
     rows = []
@@ -336,7 +352,11 @@ def time_all(ext):
             k[0] += 1
             ext.run_into(gc, off, w, list(s["op"]), tf32, gi)
 
-        row = dict(prec=prec, ours_us=graph_time(ours))
+        try:
+            row = dict(prec=prec, ours_us=graph_time(ours))
+        except RuntimeError as e:
+            print("graph capture of our launcher failed:", repr(e)[:300], flush=True)
+            row = dict(prec=prec, ours_us=stream_time(ours))
         gc, off, w = sets[0]
         y = scatter(gc, off, s["D"], s["H"], s["W"], s["op"])
         old = torch.backends.cudnn.allow_tf32
