@@ -216,7 +216,12 @@ class Checker:
         fin = ref.isfinite()
         self.expect(bool(out[fin].isfinite().all()), tag + " finite where the reference is")
         err = rel_l2(out[fin], ref[fin]) if fin.any() else 0.0
-        self.expect(err <= BOUND[prec], tag + f" rel_l2 {err:.3g} > {BOUND[prec]}")
+        bound = BOUND[prec]
+        if err > bound and specials is None:
+            # long sums (large Cout) grow every float32 accumulation's error: allow 1.5x cuDNN's own
+            cud = cudnn_grad(gc, off, w, D, H, W, op, tf32).double()
+            bound = max(bound, 1.5 * rel_l2(cud, ref))
+        self.expect(err <= bound, tag + f" rel_l2 {err:.3g} > {bound:.3g}")
         if determinism:
             again = self.call(gc, off, w, D, H, W, op, prec, cl_out)
             self.expect(bits_equal(res, again), tag + " two runs bit-equal")

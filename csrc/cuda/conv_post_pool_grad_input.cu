@@ -93,7 +93,7 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   const int64_t padded = ceil_div(words, 8) * 8;
   // Chunks of 8, 16 or (TF32, whose phases ride in the staged words) 32 k-words: two blocks per multiprocessor.
   const int64_t max_chunk = mode == Mode::kTF32 ? 32 : 16;
-  const int chunk_words = static_cast<int>(std::min(padded, max_chunk));
+  const int chunk_words = static_cast<int>(padded <= 8 ? 8 : padded <= 16 ? 16 : max_chunk);
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();
