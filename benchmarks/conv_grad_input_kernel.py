@@ -185,7 +185,8 @@ class Checker:
     def case(self, prec, shape, op, cl=False, cl_w=False, cl_out=False, seed=1, specials=None, determinism=False):
         dtype, tf32 = DTYPES[prec]
         N, Cin, Cout, D, H, W = shape
-        gc, off, w = make(N, Cin, Cout, D, H, W, op, dtype, cl=cl, cl_w=cl_w, seed=seed)
+        # (specials are written into contiguous tensors, then the layouts are applied)
+        gc, off, w = make(N, Cin, Cout, D, H, W, op, dtype, seed=seed)
         if specials == "g":
             gc = gc.clone()
             gc.view(-1)[::97] = float("nan")
@@ -195,6 +196,11 @@ class Checker:
             w = w.clone()
             w[0, 0, 0, 1, 1] = float("inf")
             w[min(1, Cin - 1), min(1, Cout - 1), 1, 0, 2] = float("nan")
+        if cl:
+            gc = gc.contiguous(memory_format=torch.channels_last_3d)
+            off = off.contiguous(memory_format=torch.channels_last_3d)
+        if cl_w:
+            w = w.contiguous(memory_format=torch.channels_last_3d)
         tag = (f"{prec} {shape} op={op} cl={cl} cl_w={cl_w} cl_out={cl_out} sp={specials}")
         res = self.call(gc, off, w, D, H, W, op, prec, cl_out)
         ref = reference(gc, off, w, D, H, W, op)
