@@ -1,0 +1,11 @@
+// The input-gradient kernels of the fused convolution for TF32 tensor cores (float32 operands rounded to nearest); one file per precision so that the
+// instantiations compile in parallel.
+#include "conv_post_pool_grad_input.cuh"
+
+namespace fused {
+namespace conv_pool {
+namespace grad_input {
+template void launch_mode<Mode::kTF32>(const Params& p, int chunk_words, cudaStream_t stream);
+}  // namespace grad_input
+}  // namespace conv_pool
+}  // namespace fused
