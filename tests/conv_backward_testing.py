@@ -4,6 +4,8 @@ training forward saved. Expectations come from eager PyTorch only."""
 import torch
 import torch.nn.functional as F
 
+import torch_fused_ops  # noqa: F401  (registers the ops)
+
 OPS = torch.ops.fused
 GRAD_CONV = OPS._conv_transpose3d_post_pool_grad_conv.default
 GRAD_WEIGHT = OPS._conv_transpose3d_post_pool_grad_weight.default
