@@ -3,9 +3,12 @@
 //
 // A call that needs a gradient runs the training forward (_with_offsets), which saves per pooled output the
 // convolution output it selected (bias included) and its window offset, plus the (small) input, weight and
-// multiplier: no full-resolution tensor lives between forward and backward. Backward rebuilds the sparse
-// gradient of the convolution output with fused::post_pool_backward, then calls aten's convolution backward for
-// the inputs that need one. A call without gradients runs the inference op below autograd.
+// multiplier: no full-resolution tensor lives between forward and backward. Where the forward ran the fused CUDA
+// kernel, backward stays at pooled resolution: fused::_conv_transpose3d_post_pool_grad_conv gives the convolution
+// output's gradient at the selected taps (and the bias and multiplier gradients), _grad_weight and _grad_input
+// the rest (csrc/conv_transpose3d_post_pool_backward.cpp). Elsewhere (CPU, float64, other geometries) it rebuilds
+// the sparse gradient of the convolution output with fused::post_pool_backward, then calls aten's convolution
+// backward for the inputs that need one. A call without gradients runs the inference op below autograd.
 //
 // Double backward is not supported: gradients computed with create_graph=True carry a node that raises when
 // differentiated (as Python's once_differentiable does), instead of a silently wrong second derivative.
@@ -42,6 +45,9 @@ using TrainingSig = Outputs(const at::Tensor&, const at::Tensor&, const std::opt
 using PoolBackwardSig = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, std::optional<double>,
     c10::SymIntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool);
+using GradConvSig = Outputs(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                            std::optional<double>);
+using GradFromConvSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef);
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
@@ -69,6 +75,28 @@ struct Args {
 std::vector<int64_t> as3(at::IntArrayRef v, at::IntArrayRef dflt = {}) {
   if (v.empty()) v = dflt;
   return v.size() == 1 ? std::vector<int64_t>{v[0], v[0], v[0]} : v.vec();
+}
+
+// Whether the training forward ran the fused CUDA kernel: fused_kernel_applies (conv_transpose3d_post_pool.h)
+// restated on the arguments, for a call whose checks have passed, so that it needs no concrete input size (under
+// tracing they may be symbolic). The pooled-size condition there holds for every valid size here except with
+// ceil_mode and output_padding 0 (an odd convolution output). Only the weight's sizes are read (guarded when
+// symbolic; parameters' sizes are static in compiled graphs).
+bool ran_fused_kernel(const at::Tensor& input, const at::Tensor& weight, const Args& a) {
+  const auto dtype = input.scalar_type();
+  if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
+  if (a.groups != 1) return false;
+  const auto s = as3(a.stride), p = as3(a.padding), o = as3(a.output_padding), d = as3(a.dilation);
+  const auto k = as3(a.kernel_size), ps = as3(a.pool_stride, a.kernel_size), pp = as3(a.pool_padding),
+             pd = as3(a.pool_dilation);
+  for (int i = 0; i < 3; ++i) {
+    if (s[i] != 2 || p[i] != 1 || d[i] != 1 || (o[i] != 0 && o[i] != 1)) return false;
+    if (k[i] != 2 || ps[i] != 2 || pp[i] != 0 || pd[i] != 1) return false;
+    if (a.ceil_mode && o[i] == 0) return false;
+  }
+  // C_in = 0 runs the composite (weight.size(0) is the input's channel count, checked).
+  if (weight.sym_size(0) == 0) return false;
+  return weight.sym_size(2) == 3 && weight.sym_size(3) == 3 && weight.sym_size(4) == 3;
 }
 
 // Graph nodes are held by std::shared_ptr on older torch and by c10::intrusive_ptr on newer.
@@ -117,6 +145,7 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     // The outputs are contiguous or channels_last_3d (the convolution's layout); the convolution output's
     // gradient takes the same one.
     d["channels_last"] = !out.is_contiguous();
+    d["fused"] = ran_fused_kernel(input, weight, a);
     return {out, selected, offsets};
   }
 
@@ -148,6 +177,12 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     const std::optional<double> slope2 =
         d["slope2"].isNone() ? std::nullopt : std::optional<double>(d["slope2"].toDouble());
     const auto create_graph = at::GradMode::is_enabled();
+    if (d["fused"].toBool()) {
+      pooled_backward(input, weight, multiplier, selected, offsets, grad_out, d["slope"].toDouble(), slope2,
+                      output_padding, need_input, need_weight, need_bias, need_multiplier, result);
+      if (create_graph) mark_once_differentiable(result, grad_out, input, weight, multiplier);
+      return result;
+    }
     {
       const at::NoGradGuard no_grad;
       static const auto pool_backward = op_handle<PoolBackwardSig>("fused::post_pool_backward");
@@ -170,6 +205,28 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     }
     if (create_graph) mark_once_differentiable(result, grad_out, input, weight, multiplier);
     return result;
+  }
+
+  // The fused kernel's backward at pooled resolution: grad_conv (with the bias and multiplier gradients) at the
+  // selected taps, then the weight's and the input's gradients from it, each only if needed. The ops run below
+  // autograd: their results never require grad (mark_once_differentiable handles create_graph), so their
+  // autograd kernels would only cost host time.
+  static void pooled_backward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& multiplier,
+                              const at::Tensor& selected, const at::Tensor& offsets, const at::Tensor& grad_out,
+                              double slope, std::optional<double> slope2, at::IntArrayRef output_padding,
+                              bool need_input, bool need_weight, bool need_bias, bool need_multiplier,
+                              variable_list& result) {
+    static const auto grad_conv_op = op_handle<GradConvSig>("fused::_conv_transpose3d_post_pool_grad_conv");
+    static const auto grad_weight_op = op_handle<GradFromConvSig>("fused::_conv_transpose3d_post_pool_grad_weight");
+    static const auto grad_input_op = op_handle<GradFromConvSig>("fused::_conv_transpose3d_post_pool_grad_input");
+    const at::NoGradGuard no_grad;
+    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+    auto [grad_conv, grad_bias, grad_multiplier] =
+        grad_conv_op.call(grad_out, selected, offsets, multiplier, slope, slope2);
+    if (need_multiplier) result[3] = grad_multiplier;
+    if (need_bias) result[2] = grad_bias;
+    if (need_weight) result[1] = grad_weight_op.call(grad_conv, offsets, input, output_padding);
+    if (need_input) result[0] = grad_input_op.call(grad_conv, offsets, weight, output_padding);
   }
 
   // Gradients that will not differentiate again: with create_graph=True, each gets an Error node as grad_fn

@@ -81,4 +81,26 @@ TORCH_LIBRARY(fused, m) {
       "int[3] kernel_size, int[3] pool_stride=[], int[3] pool_padding=0, int[3] pool_dilation=1, "
       "bool ceil_mode=False, float? negative_slope2=None) -> (Tensor out, Tensor selected, Tensor offsets)",
       {at::Tag::pt2_compliant_tag});
+  // Internal: the fused convolution's backward at pooled resolution, for its geometry only (convolution kernel 3,
+  // stride 2, padding 1, dilation 1, groups 1, output_padding 0 or 1 per dim; pool 2x2x2 with stride 2, uint8
+  // offsets). Kernels in csrc/conv_transpose3d_post_pool_backward.cpp (CUDA kernels: csrc/conv_post_pool_backward.h;
+  // elsewhere an aten composite). The convolution output's gradient at each window's selected tap (grad_conv:
+  // grad_output's sizes, offsets' strides when those are contiguous or channels_last_3d, else contiguous), the
+  // bias gradient [C] and the multiplier gradient (its shape, contiguous).
+  m.def(
+      "_conv_transpose3d_post_pool_grad_conv(Tensor grad_output, Tensor selected, Tensor offsets, "
+      "Tensor multiplier, float negative_slope, float? negative_slope2) "
+      "-> (Tensor grad_conv, Tensor grad_bias, Tensor grad_multiplier)",
+      {at::Tag::pt2_compliant_tag});
+  // The weight's gradient from grad_conv: [C_in, C_out, 3, 3, 3], contiguous.
+  m.def(
+      "_conv_transpose3d_post_pool_grad_weight(Tensor grad_conv, Tensor offsets, Tensor input, "
+      "int[3] output_padding) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // The input's gradient from grad_conv: [N, C_in, PD + 1 - output_padding[0], ...], channels_last_3d when
+  // grad_conv is channels_last_3d and not contiguous, else contiguous.
+  m.def(
+      "_conv_transpose3d_post_pool_grad_input(Tensor grad_conv, Tensor offsets, Tensor weight, "
+      "int[3] output_padding) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }

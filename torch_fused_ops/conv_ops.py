@@ -7,9 +7,11 @@ convolution at pooled resolution and never writes the full-resolution tensor; ev
 followed by fused.post_pool. float32 follows cuDNN's TF32 switch for convolutions, as aten's convolution does.
 
 Autograd: the training forward saves, per pooled output, the convolution output it selected (bias included)
-and its window offset, so backward rebuilds the sparse gradient of the convolution output with
-fused.post_pool_backward, then runs aten's convolution backward. No full-resolution tensor lives between the
-forward and the backward.
+and its window offset. Where the forward ran the fused CUDA kernel, backward stays at pooled resolution: the
+internal ops fused._conv_transpose3d_post_pool_grad_conv (the convolution output's gradient at the selected taps,
+and the bias and multiplier gradients), _grad_weight and _grad_input. Elsewhere it rebuilds the sparse gradient
+of the convolution output with fused.post_pool_backward, then runs aten's convolution backward. No
+full-resolution tensor lives between the forward and the backward.
 
 The fake impls below run the same checks as the C++ kernels (same exception types and wording) and give the
 outputs the kernels' exact strides.
@@ -197,3 +199,134 @@ torch.library.register_fake(_OP + "_with_offsets", lambda *args: _fake_forward(T
 
 # Kernels (CPU, CUDA) and autograd are C++: csrc/conv_transpose3d_post_pool.cpp and
 # csrc/conv_transpose3d_post_pool_autograd.cpp. The checks above mirror csrc/conv_transpose3d_post_pool_checks.cpp.
+
+
+# ---- the backward ops at pooled resolution (internal) -------------------------------------------------------
+# Kernels: csrc/conv_transpose3d_post_pool_backward.cpp, whose checks (same order, types and wording) and output
+# strides these fakes mirror.
+
+_GRAD_CONV_OP = "fused::_conv_transpose3d_post_pool_grad_conv"
+_GRAD_WEIGHT_OP = "fused::_conv_transpose3d_post_pool_grad_weight"
+_GRAD_INPUT_OP = "fused::_conv_transpose3d_post_pool_grad_input"
+
+
+def _is_dense(t):
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def _grad_input_format(grad_conv):
+    """channels_last_3d only where grad_conv is unambiguously so (a tensor that is both counts as contiguous)."""
+    cl = not grad_conv.is_contiguous() and grad_conv.is_contiguous(memory_format=torch.channels_last_3d)
+    return torch.channels_last_3d if cl else torch.contiguous_format
+
+
+def _check_defined(op, name, t):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {'None' if t is None else type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{op}: {name} must be a strided (dense) tensor")
+
+
+def _check_pooled_pair(op, grad_conv, offsets, output_padding):
+    _check_defined(op, "grad_conv", grad_conv)
+    _check_defined(op, "offsets", offsets)
+    if grad_conv.dim() != 5:
+        raise ValueError(f"{op}: expected a 5-D grad_conv (N, C_out, PD, PH, PW), got shape {list(grad_conv.shape)}")
+    if not grad_conv.dtype.is_floating_point:
+        raise TypeError(f"{op}: expected a floating-point grad_conv (float16, bfloat16, float32 or float64), got "
+                        f"{grad_conv.dtype}")
+    if offsets.dtype != torch.uint8:
+        raise TypeError(f"{op}: offsets must be uint8 (2x2x2 windows), got {offsets.dtype}")
+    if offsets.shape != grad_conv.shape:
+        raise ValueError(f"{op}: offsets {list(offsets.shape)} must have grad_conv's shape {list(grad_conv.shape)}")
+    if offsets.device != grad_conv.device:
+        raise ValueError(f"{op}: offsets must be on grad_conv's device, got {offsets.device} and {grad_conv.device}")
+    o = list(output_padding)
+    if len(o) not in (1, 3):
+        raise ValueError(f"{op}: output_padding must be a single int or a list of three ints, got {o}")
+    o = o * 3 if len(o) == 1 else o
+    for i in range(3):
+        if o[i] not in (0, 1):
+            raise ValueError(f"{op}: output_padding must be 0 or 1 per dim, got {o}")
+        torch._check_value(grad_conv.shape[2 + i] + 1 - o[i] >= 1,
+                           lambda: f"{op}: grad_conv {list(grad_conv.shape)} with output_padding {o} gives an empty "
+                           "input")
+    return o
+
+
+def _check_like_grad_conv(op, name, t, grad_conv):
+    _check_defined(op, name, t)
+    if t.dim() != 5:
+        raise ValueError(f"{op}: expected a 5-D {name}, got shape {list(t.shape)}")
+    if t.dtype != grad_conv.dtype:
+        raise TypeError(f"{op}: {name} dtype must equal grad_conv dtype, got {name} {t.dtype} and grad_conv "
+                        f"{grad_conv.dtype}")
+    if t.device != grad_conv.device:
+        raise ValueError(f"{op}: {name} must be on grad_conv's device, got {t.device} and {grad_conv.device}")
+
+
+@torch.library.register_fake(_GRAD_CONV_OP)
+def _grad_conv_fake(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2):
+    op = _GRAD_CONV_OP
+    for name, t in (("grad_output", grad_output), ("selected", selected), ("offsets", offsets),
+                    ("multiplier", multiplier)):
+        _check_defined(op, name, t)
+    if not (grad_output.dim() == 5 and selected.shape == grad_output.shape and offsets.shape == grad_output.shape):
+        raise ValueError(f"{op}: grad_output {list(grad_output.shape)}, selected {list(selected.shape)} and offsets "
+                         f"{list(offsets.shape)} must be 5-D with equal shapes")
+    if selected.dtype != grad_output.dtype:
+        raise TypeError(f"{op}: grad_output and selected must share one dtype, got {grad_output.dtype} and "
+                        f"{selected.dtype}")
+    if offsets.dtype != torch.uint8:
+        raise TypeError(f"{op}: offsets must be uint8 (2x2x2 windows), got {offsets.dtype}")
+    if not (selected.device == grad_output.device and offsets.device == grad_output.device):
+        raise ValueError(f"{op}: grad_output, selected and offsets must be on one device")
+    _geometry.check_tensors(op, grad_output.shape, grad_output.dtype, grad_output.device, multiplier)
+    _geometry.check_slopes(op, grad_output.dtype, negative_slope, negative_slope2)
+    like = dict(dtype=grad_output.dtype, device=grad_output.device)
+    if _is_dense(offsets):
+        grad_conv = torch.empty_strided(offsets.shape, offsets.stride(), **like)
+    else:
+        grad_conv = torch.empty(offsets.shape, **like)
+    return grad_conv, torch.empty(grad_output.shape[1], **like), torch.empty(multiplier.shape, **like)
+
+
+@torch.library.register_fake(_GRAD_WEIGHT_OP)
+def _grad_weight_fake(grad_conv, offsets, input, output_padding):
+    op = _GRAD_WEIGHT_OP
+    o = _check_pooled_pair(op, grad_conv, offsets, output_padding)
+    _check_like_grad_conv(op, "input", input, grad_conv)
+    torch._check_value(
+        input.shape[0] == grad_conv.shape[0]
+        and all(input.shape[2 + i] == grad_conv.shape[2 + i] + 1 - o[i] for i in range(3)),
+        lambda: f"{op}: input {list(input.shape)} does not fit grad_conv {list(grad_conv.shape)} with output_padding "
+        f"{o} (N equal, and D = PD + 1 - output_padding per dim)")
+    return torch.empty((input.shape[1], grad_conv.shape[1], 3, 3, 3), dtype=grad_conv.dtype, device=grad_conv.device)
+
+
+@torch.library.register_fake(_GRAD_INPUT_OP)
+def _grad_input_fake(grad_conv, offsets, weight, output_padding):
+    op = _GRAD_INPUT_OP
+    o = _check_pooled_pair(op, grad_conv, offsets, output_padding)
+    _check_like_grad_conv(op, "weight", weight, grad_conv)
+    torch._check_value(
+        weight.shape[1] == grad_conv.shape[1] and tuple(weight.shape[2:]) == (3, 3, 3),
+        lambda: f"{op}: weight must be [C_in, {grad_conv.shape[1]}, 3, 3, 3] for grad_conv {list(grad_conv.shape)}, "
+        f"got {list(weight.shape)}")
+    n, _, pd, ph, pw = grad_conv.shape
+    return torch.empty((n, weight.shape[0], pd + 1 - o[0], ph + 1 - o[1], pw + 1 - o[2]), dtype=grad_conv.dtype,
+                       device=grad_conv.device, memory_format=_grad_input_format(grad_conv))
+
+
+# The backward ops are not differentiable: without an autograd formula, a graph built through them
+# (create_graph=True) would treat them as constants and give zero second derivatives in silence.
+def _no_double_backward(op):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{op}: double backward is not supported (gradients of "
+                           "fused.conv_transpose3d_post_pool's gradients)")
+
+    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
+
+
+for _op in (_GRAD_CONV_OP, _GRAD_WEIGHT_OP, _GRAD_INPUT_OP):
+    _no_double_backward(_op)
