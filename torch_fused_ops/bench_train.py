@@ -158,8 +158,9 @@ def kernels_of(step, device: torch.device, steps: int = 3) -> list[dict]:
 
 def _host_us_median(step, device: torch.device, samples: int = 5) -> float:
     est = host_us(step, device, n=2, busy_ms=200.0)
-    # Enough steps per sample to average the timer out, under half of what the sleep kernel covers.
-    n = int(min(20, max(1, 20_000 / max(est, 1.0))))
+    # Enough steps per sample to average the timer out, under half of what the sleep kernel covers, and few
+    # enough that their launches stay within the driver's queue of pending work (past it the host would wait).
+    n = int(min(8, max(1, 20_000 / max(est, 1.0))))
     busy_ms = max(20.0, 2 * n * est / 1e3)
     return statistics.median(host_us(step, device, n=n, busy_ms=busy_ms) for _ in range(samples))
 
