@@ -63,6 +63,10 @@ VARIANTS = {  # name: (label, pass on; None: eager)
     "pass-on": ("torch.compile, pass on", True),
 }
 SMALL_BATCH, SMALL_INPUT = 1, (4, 8, 8)
+# The targets for the pass-on step on an H200 at the KernelBench size: device µs per step, and the TF32
+# step's peak memory in MiB.
+TARGET_US = {"tf32": 250.0, "tf32-xgrad": 300.0, "bf16": 150.0, "strict": 600.0}
+TARGET_PEAK_MIB = {"tf32": 300.0}
 KERNEL_NAME_CHARS = 60
 
 
@@ -243,23 +247,42 @@ def tables(rows: list[dict], meta: dict) -> str:
         lines += ["CPU: wall us is the step's wall time (perf_counter median).", ""]
     first = "device us" if meta["device"] != "cpu" else "wall us"
     lines += [f"| config | Model | {first} | host us | loop us | kernel us | peak MiB | largest alloc MiB | "
-              "memory floor us | math floor us | chains fused |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "memory floor us | math floor us | × floor | chains fused |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     last = None
     for r in rows:
         cfg = r["config_label"] if r["config"] != last else ""
         last = r["config"]
+        # How far the step is from the higher of its two floors (the math floor is CUDA's only).
+        floor = max(f for f in (r["floor_mem_us"], r["floor_math_us"]) if f is not None and not math.isnan(f))
         lines.append(f"| {cfg} | {r['impl']} | {_fmt(r['device_us'])} | {_fmt(r['host_us'])} | {_fmt(r['loop_us'])} "
                      f"| {_fmt(r['kernel_sum_us'])} | {_fmt(r['peak_MiB'], 0)} | {_fmt(r['largest_alloc_MiB'], 0)} "
-                     f"| {_fmt(r['floor_mem_us'])} | {_fmt(r['floor_math_us'])} | {r['matched']} |")
+                     f"| {_fmt(r['floor_mem_us'])} | {_fmt(r['floor_math_us'])} | {r['device_us'] / floor:.1f} "
+                     f"| {r['matched']} |")
+    at_target_size = (meta["device"] != "cpu" and meta["batch"] == DEFAULT_BATCH
+                      and tuple(meta["input"]) == DEFAULT_INPUT)
+    checks = []
+    for r in rows:
+        if at_target_size and r["variant"] == "pass-on" and r["config"] in TARGET_US:
+            t = TARGET_US[r["config"]]
+            checks.append(f"{r['config']} {r['device_us']:.0f} µs (≤ {t:.0f}: "
+                          f"{'met' if r['device_us'] <= t else 'not met'})")
+            if r["config"] in TARGET_PEAK_MIB:
+                t = TARGET_PEAK_MIB[r["config"]]
+                checks.append(f"{r['config']} peak {r['peak_MiB']:.0f} MiB (≤ {t:.0f}: "
+                              f"{'met' if r['peak_MiB'] <= t else 'not met'})")
+    if checks:
+        lines += ["", "Targets, pass on: " + "; ".join(checks)]
     for r in rows:
         if not r["kernels"]:
             continue
         lines += ["", f"Kernels of one step, {r['config_label']}, {r['impl']} (profiler; device µs per step; "
-                  f"sum {r['kernel_sum_us']:.1f} µs)", "", "| kernel | µs | launches |", "| --- | ---: | ---: |"]
+                  f"sum {r['kernel_sum_us']:.1f} µs)", "", "| kernel | µs | % of sum | launches |",
+                  "| --- | ---: | ---: | ---: |"]
         for k in r["kernels"]:
             name = k["name"] if len(k["name"]) <= KERNEL_NAME_CHARS else k["name"][:KERNEL_NAME_CHARS - 1] + "…"
-            lines.append(f"| `{name.replace('|', '/')}` | {k['us']:.1f} | {k['calls']:g} |")
+            share = k["us"] / r["kernel_sum_us"] if r["kernel_sum_us"] else float("nan")
+            lines.append(f"| `{name.replace('|', '/')}` | {k['us']:.1f} | {share:.0%} | {k['calls']:g} |")
     return "\n".join(lines) + "\n"
 
 
