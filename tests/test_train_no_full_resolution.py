@@ -18,10 +18,8 @@ import pytest
 import torch
 
 import torch_fused_ops
+from torch_fused_ops._memory_trace import allocations_during, describe
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
-
-if torch.cuda.is_available():
-    from torch_fused_ops._memory_trace import allocations_during, describe
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(),

@@ -300,7 +300,7 @@ def _jsonable(v):
 def merge_json(path: str, meta: dict, rows: list[dict]) -> None:
     """Rows of this run replace those of the same device, config, Model and size already in the file."""
     def key(r):
-        return (r["device"], r["config"], r["impl"], r["batch"], tuple(r["input"]))
+        return (r.get("device"), r.get("config"), r.get("impl"), r.get("batch"), tuple(r.get("input") or ()))
 
     old = []
     if os.path.exists(path):
@@ -342,6 +342,8 @@ def main(argv=None) -> int:
         SMALL_INPUT if args.small else DEFAULT_INPUT
     if args.ncu_step:
         _names(args.ncu_step, CONFIGS, "--ncu-step", ap)
+        if not cuda:
+            ap.error("--ncu-step profiles CUDA kernels: it needs --device cuda")
         ncu_step(args.ncu_step, device, batch, spatial)
         return 0
     configs = _names(args.configs, CONFIGS, "--configs", ap)
