@@ -75,8 +75,10 @@ def _log(msg: str) -> None:
 
 
 def floor_bytes(x_numel: int, w_numel: int, pooled_numel: int, es: int, x_grad: bool) -> int:
-    """Bytes a training step on the fused path must move at least (each tensor read once per kernel that needs
-    it, nothing at full resolution):
+    """Bytes a training step must move on the fused path as csrc/conv_post_pool_backward.h lays it out (three
+    kernels after the forward, grad_conv written once at pooled size; nothing at full resolution), each tensor
+    read once by every kernel that needs it (a tensor that stays in L2 between two kernels, as x can, would move
+    less: this counts memory traffic as if none did):
       forward         read x and w; write out and the saved selected value (es bytes each) and window offset
                       (1 byte) per pooled output:                              x + w + P (2 es + 1)
       grad_conv       read g, selected, offsets; write grad_conv at pooled size: P (2 es + 1) + P es
