@@ -50,6 +50,8 @@
 #     bash scripts/gpu.sh tests sanitize                      a selection, then memcheck + racecheck on part of it
 #   bash scripts/gpu.sh train                                 the training-step bench, every config
 #   NCU_TRAIN=1 bash scripts/gpu.sh ncu                       Nsight Compute over one pass-on TF32 training step
+#   NCU_TRAIN=1 NCU_TRAIN_CONFIG=tf32-xgrad NCU_ARGS="--section SpeedOfLight --metrics \
+#     dram__bytes_read.sum,dram__bytes_write.sum" bash scripts/gpu.sh ncu    the same with x's gradient, DRAM bytes
 #   TESTS=tests/test_train_no_full_resolution.py bash scripts/gpu.sh tests train
 #                                                             the step's no-full-resolution check, then the bench
 set -uo pipefail
@@ -231,7 +233,9 @@ if want ncu; then
   if [ "$lim" = 0 ]; then skipped ncu; else
     if [ -n "${NCU_TRAIN:-}" ]; then
       ncu_range=(--profile-from-start off ${NCU_KERNELS:+-k "regex:$NCU_KERNELS"})
-      ncu_cmd=(python3 -m torch_fused_ops.bench_train --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
+      # Inductor compiles in this process: no pool of compile workers for ncu to attach to.
+      ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.bench_train
+               --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
     else
       ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d}")
       ncu_cmd=(python3 benchmarks/profile_post_pool.py)
