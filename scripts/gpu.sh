@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build, tests, benchmark, and optionally Nsight Compute and compute-sanitizer.
 #
-#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench ncu sanitize; default: tests bench) run in that
+#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench train ncu sanitize; default: tests bench) run in that
 #                                      order after the build, whatever order they are given in
 #   bash scripts/gpu.sh --plan         print the test shards and exit (no GPU needed)
 #   bash scripts/gpu.sh --hash         the sources' content hash (the summary's "sources" field), to compare here
@@ -18,9 +18,17 @@
 #             TESTS_K="expr": -k for that selection (default none).  TEST_TIMEOUT: per shard, s (default 330).
 #   bench     python -m torch_fused_ops.bench $BENCH_ARGS (default: the op at the small and the default size,
 #             the Model in fp32, bf16 and strict fp32: the table docs/performance.md keeps). BENCH_TIMEOUT (240).
+#   train     python -m torch_fused_ops.bench_train $TRAIN_ARGS (default: every config, TF32 / TF32 with x requiring
+#             grad / bf16 / strict fp32, each eager, torch.compile without and with the pass: device, host and loop
+#             time per training step, peak memory, largest allocation, floors, the pass-on steps' kernels), its
+#             tables appended to bench.md. TRAIN_TIMEOUT (300); 8 compilations, so alone or with TRAIN_ARGS="--configs
+#             tf32,tf32-xgrad" beside the bench.
 #   ncu       Nsight Compute over one launch of each shipped kernel (benchmarks/profile_post_pool.py), sections
 #             $NCU_ARGS (default SpeedOfLight, Occupancy, LaunchStats, WarpStateStats), kernels matching
 #             $NCU_KERNELS (a regex; default every kernel of ours). NCU_TIMEOUT (180).
+#             NCU_TRAIN=1: instead, every kernel (or those matching $NCU_KERNELS) of one compiled pass-on training
+#             step (python -m torch_fused_ops.bench_train --ncu-step $NCU_TRAIN_CONFIG, default tf32), the
+#             compilation and warm-up outside the profiled range (ncu --profile-from-start off).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
 #             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py) with -k $SANITIZE_K
@@ -32,13 +40,20 @@
 # The whole call stops itself before DEADLINE seconds (default 570, under the device tool's 600): each step's
 # timeout is cut to what is left, and a step with under 20 s left is skipped and says so in the summary.
 # What comes back in $OUT (the device tool returns at most 8 files): summary.txt (every step's result, the test
-# totals, the bench tables), tests.log (all shards), bench.md, bench_cuda.json, bench_cuda.png, ncu.txt,
-# sanitize.log, extra.log. Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
+# totals, the bench tables), tests.log (all shards), bench.md (the train step's tables too), bench_cuda.json,
+# bench_cuda.png, bench_train.json, ncu.txt, sanitize.log, extra.log (every step and EXTRA at once make 9: one
+# is lost). Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
 #
 # Examples (one 10-minute device call each):
 #   bash scripts/gpu.sh                                       the whole suite, then the bench
 #   TESTS="tests/test_autograd.py tests/test_bias.py" TESTS_K=cuda SANITIZE_TESTS="tests/test_autograd.py" \
 #     bash scripts/gpu.sh tests sanitize                      a selection, then memcheck + racecheck on part of it
+#   bash scripts/gpu.sh train                                 the training-step bench, every config
+#   NCU_TRAIN=1 bash scripts/gpu.sh ncu                       Nsight Compute over one pass-on TF32 training step
+#   NCU_TRAIN=1 NCU_TRAIN_CONFIG=tf32-xgrad NCU_ARGS="--section SpeedOfLight --metrics \
+#     dram__bytes_read.sum,dram__bytes_write.sum" bash scripts/gpu.sh ncu    the same with x's gradient, DRAM bytes
+#   TESTS=tests/test_train_no_full_resolution.py bash scripts/gpu.sh tests train
+#                                                             the step's no-full-resolution check, then the bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,7 +97,7 @@ esac
 
 STEPS=" ${*:-tests bench} "
 for s in $STEPS; do
-  case "$s" in tests|bench|ncu|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench ncu sanitize)"; exit 2 ;; esac
+  case "$s" in tests|bench|train|ncu|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench train ncu sanitize)"; exit 2 ;; esac
 done
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
@@ -193,15 +208,42 @@ if want bench; then
   fi
 fi
 
+# ---- training-step bench ----------------------------------------------------------------------------------
+if want train; then
+  t0=$SECONDS
+  lim=$(budget "${TRAIN_TIMEOUT:-300}")
+  if [ "$lim" = 0 ]; then skipped train; else
+    # shellcheck disable=SC2086
+    timeout "$lim" python3 -m torch_fused_ops.bench_train ${TRAIN_ARGS:-} --out "$T" > "$T/bench_train.md" \
+      2> "$T/bench_train.log"
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    note "train: rc=$rc in $((SECONDS - t0)) s"
+    cat "$T/bench_train.md" >> "$OUT/bench.md"
+    cat "$T/bench_train.md" >> "$summary"
+    # The rows measured before a timeout or a failure are in the progress log only.
+    if [ $rc = 0 ]; then tail -3 "$T/bench_train.log" >> "$summary"; else tail -40 "$T/bench_train.log" >> "$summary"; fi
+    cp "$T"/bench_train.json "$OUT/" 2>/dev/null
+  fi
+fi
+
 # ---- Nsight Compute ---------------------------------------------------------------------------------------
 if want ncu; then
   t0=$SECONDS
   lim=$(budget "${NCU_TIMEOUT:-180}")
   if [ "$lim" = 0 ]; then skipped ncu; else
+    if [ -n "${NCU_TRAIN:-}" ]; then
+      ncu_range=(--profile-from-start off ${NCU_KERNELS:+-k "regex:$NCU_KERNELS"})
+      # Inductor compiles in this process: no pool of compile workers for ncu to attach to.
+      ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.bench_train
+               --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
+    else
+      ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d}")
+      ncu_cmd=(python3 benchmarks/profile_post_pool.py)
+    fi
     # shellcheck disable=SC2086
-    timeout "$lim" ncu --clock-control none -k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d}" \
+    timeout "$lim" ncu --clock-control none "${ncu_range[@]}" \
       ${NCU_ARGS:---section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats} \
-      python3 benchmarks/profile_post_pool.py > "$OUT/ncu.txt" 2>&1
+      "${ncu_cmd[@]}" > "$OUT/ncu.txt" 2>&1
     rc=$?; [ $rc = 0 ] || rc_all=1
     note "ncu: rc=$rc in $((SECONDS - t0)) s, $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu.txt") kernels profiled (ncu.txt)"
     grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|Registers Per Thread|Achieved Occupancy" "$OUT/ncu.txt" \
