@@ -358,12 +358,18 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
                   ml[r] = take ? al[i][r] : 0u;
                   mc[r] = take ? ac[i][r] : 0u;
                 }
-                // Small products first; lo x lo (~2^-22 relative) is dropped.
+                // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
+                // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
+                // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
+                // cuDNN's error.
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt) {
-                  mma<M>(acc[i][nt], ml, bc_[nt][0], bc_[nt][1]);
-                  mma<M>(acc[i][nt], mc, bl_[nt][0], bl_[nt][1]);
-                  mma<M>(acc[i][nt], mh, bh_[nt][0], bh_[nt][1]);
+                  float part[4] = {0.f, 0.f, 0.f, 0.f};
+                  mma<M>(part, ml, bc_[nt][0], bc_[nt][1]);
+                  mma<M>(part, mc, bl_[nt][0], bl_[nt][1]);
+                  mma<M>(part, mh, bh_[nt][0], bh_[nt][1]);
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[j];
                 }
               }
             } else {
