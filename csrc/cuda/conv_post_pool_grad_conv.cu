@@ -127,6 +127,42 @@ __global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConv
   }
 }
 
+// The bias and multiplier gradients from the partials [parts, C], each in part order (deterministic), written in
+// the dtype: one thread per channel, or one block-wide fixed-order sum for a single multiplier.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) channel_sums_kernel(const float* __restrict__ part_bias,
+                                                                const float* __restrict__ part_mult, int64_t parts,
+                                                                int64_t C, scalar_t* __restrict__ grad_bias,
+                                                                scalar_t* __restrict__ grad_mult, bool one_mult) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c < C) {
+    float b = 0.f, m = 0.f;
+    for (int64_t k = 0; k < parts; ++k) {
+      b += part_bias[k * C + c];
+      m += part_mult[k * C + c];
+    }
+    if (grad_bias != nullptr) grad_bias[c] = static_cast<scalar_t>(b);
+    if (grad_mult != nullptr && !one_mult) grad_mult[c] = static_cast<scalar_t>(m);
+  }
+  if (one_mult && grad_mult != nullptr && blockIdx.x == 0) {
+    // Channels in order, partials in order.
+    __shared__ float sums[kThreads];
+    float m = 0.f;
+    for (int64_t cc = threadIdx.x; cc < C; cc += kThreads) {
+      float t = 0.f;
+      for (int64_t k = 0; k < parts; ++k) t += part_mult[k * C + cc];
+      m += t;
+    }
+    sums[threadIdx.x] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = 0.f;
+      for (int w = 0; w < kThreads; ++w) t += sums[w];
+      grad_mult[0] = static_cast<scalar_t>(t);
+    }
+  }
+}
+
 }  // namespace
 
 void launch_conv_post_pool_grad_conv_cuda(const at::Tensor& grad_out, const at::Tensor& selected,
@@ -148,45 +184,49 @@ void launch_conv_post_pool_grad_conv_cuda(const at::Tensor& grad_out, const at::
   TORCH_INTERNAL_ASSERT(multiplier.is_contiguous() && (multiplier.numel() == 1 || multiplier.numel() == C));
   const bool channels_last = C > 1 && grad_out.stride(1) == 1;
   TORCH_INTERNAL_ASSERT(channels_last || grad_out.is_contiguous());
-  const auto fopts = grad_out.options().dtype(at::kFloat);
-  at::Tensor part_bias, part_mult;
   if (grad_out.numel() == 0) {
-    part_bias = at::zeros({1, C}, fopts);
-    part_mult = at::zeros({1, C}, fopts);
-  } else {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_out.get_device()).stream();
-    const int64_t chunks = channels_last ? (N * P + kRowChunk - 1) / kRowChunk : (P + kPlaneChunk - 1) / kPlaneChunk;
-    const int64_t parts = channels_last ? chunks : N * chunks;
-    part_bias = at::empty({parts, C}, fopts);
-    part_mult = at::empty({parts, C}, fopts);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "conv_post_pool_grad_conv", [&] {
-      GradConvArgs<scalar_t> a{grad_out.const_data_ptr<scalar_t>(),
-                               selected.const_data_ptr<scalar_t>(),
-                               grad_conv.data_ptr<scalar_t>(),
-                               multiplier.const_data_ptr<scalar_t>(),
-                               part_bias.data_ptr<float>(),
-                               part_mult.data_ptr<float>(),
-                               multiplier.numel() == 1 ? 0 : 1,
-                               static_cast<float>(s1),
-                               static_cast<float>(s2)};
-      if (channels_last) {
-        TORCH_CHECK(chunks < (int64_t(1) << 31) && (C + 31) / 32 <= 65535,
-                    "conv_transpose3d_post_pool backward: pooled tensor too large");
-        grad_conv_rows_kernel<scalar_t><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>((C + 31) / 32)),
-                                           kThreads, 0, stream>>>(a, N * P, C);
-      } else {
-        TORCH_CHECK(N * C * chunks < (int64_t(1) << 31), "conv_transpose3d_post_pool backward: pooled tensor too large");
-        grad_conv_planes_kernel<scalar_t><<<static_cast<unsigned>(N * C * chunks), kThreads, 0, stream>>>(a, P, C,
-                                                                                                        chunks);
-      }
+    if (grad_bias.defined()) grad_bias.zero_();
+    if (grad_multiplier.defined()) grad_multiplier.zero_();
+    return;
+  }
+  const auto fopts = grad_out.options().dtype(at::kFloat);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_out.get_device()).stream();
+  const int64_t chunks = channels_last ? (N * P + kRowChunk - 1) / kRowChunk : (P + kPlaneChunk - 1) / kPlaneChunk;
+  const int64_t parts = channels_last ? chunks : N * chunks;
+  const at::Tensor part_bias = at::empty({parts, C}, fopts);
+  const at::Tensor part_mult = at::empty({parts, C}, fopts);
+  TORCH_INTERNAL_ASSERT(!grad_bias.defined() || (grad_bias.is_contiguous() && grad_bias.numel() == C));
+  TORCH_INTERNAL_ASSERT(!grad_multiplier.defined() ||
+                        (grad_multiplier.is_contiguous() && grad_multiplier.numel() == multiplier.numel()));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "conv_post_pool_grad_conv", [&] {
+    GradConvArgs<scalar_t> a{grad_out.const_data_ptr<scalar_t>(),
+                             selected.const_data_ptr<scalar_t>(),
+                             grad_conv.data_ptr<scalar_t>(),
+                             multiplier.const_data_ptr<scalar_t>(),
+                             part_bias.data_ptr<float>(),
+                             part_mult.data_ptr<float>(),
+                             multiplier.numel() == 1 ? 0 : 1,
+                             static_cast<float>(s1),
+                             static_cast<float>(s2)};
+    if (channels_last) {
+      TORCH_CHECK(chunks < (int64_t(1) << 31) && (C + 31) / 32 <= 65535,
+                  "conv_transpose3d_post_pool backward: pooled tensor too large");
+      grad_conv_rows_kernel<scalar_t><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>((C + 31) / 32)),
+                                         kThreads, 0, stream>>>(a, N * P, C);
+    } else {
+      TORCH_CHECK(N * C * chunks < (int64_t(1) << 31), "conv_transpose3d_post_pool backward: pooled tensor too large");
+      grad_conv_planes_kernel<scalar_t><<<static_cast<unsigned>(N * C * chunks), kThreads, 0, stream>>>(a, P, C,
+                                                                                                      chunks);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (grad_bias.defined() || grad_multiplier.defined()) {
+      channel_sums_kernel<scalar_t><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+          part_bias.data_ptr<float>(), part_mult.data_ptr<float>(), parts, C,
+          grad_bias.defined() ? grad_bias.data_ptr<scalar_t>() : nullptr,
+          grad_multiplier.defined() ? grad_multiplier.data_ptr<scalar_t>() : nullptr, multiplier.numel() == 1);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
-  if (grad_bias.defined()) grad_bias.copy_(part_bias.sum(0));
-  if (grad_multiplier.defined()) {
-    const at::Tensor total = multiplier.numel() == 1 ? part_mult.sum() : part_mult.sum(0);
-    grad_multiplier.copy_(total.view(grad_multiplier.sizes()));
-  }
+    }
+  });
 }
 
 }  // namespace fused

@@ -362,15 +362,22 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
                 // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
                 // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
                 // cuDNN's error.
+                // The column tiles interleave so that consecutive mma are independent.
+                float part[kNT][4];
 #pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) {
-                  float part[4] = {0.f, 0.f, 0.f, 0.f};
-                  mma<M>(part, ml, bc_[nt][0], bc_[nt][1]);
-                  mma<M>(part, mc, bl_[nt][0], bl_[nt][1]);
-                  mma<M>(part, mh, bh_[nt][0], bh_[nt][1]);
+                for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[j];
-                }
+                  for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
               }
             } else {
 #pragma unroll

@@ -56,9 +56,9 @@ void launch(WeightGradParams& p, int ci_tiles, int co_tiles, const at::Tensor& g
                                static_cast<unsigned>(co_tiles)),
                           kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t blocks = ceil_div(per_block, 256);
+  const int64_t blocks = ceil_div(per_block, 32);
   TORCH_CHECK(blocks < (int64_t(1) << 31), "conv_transpose3d_post_pool backward: weight too large");
-  grad_weight_reduce_kernel<io_t><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+  grad_weight_reduce_kernel<io_t><<<static_cast<unsigned>(blocks), dim3(32, kReduceGroups), 0, stream>>>(
       ws.data_ptr<float>(), bx, ci_tiles, co_tiles, p.Cin, p.Cout, static_cast<io_t*>(grad_weight.data_ptr()),
       grad_weight.stride(0), grad_weight.stride(1), grad_weight.stride(2), grad_weight.stride(3),
       grad_weight.stride(4));

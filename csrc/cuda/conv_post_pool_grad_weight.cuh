@@ -347,12 +347,14 @@ __device__ __forceinline__ void phase_step(float (&acc)[kMaxTaps][kNT][4], const
       uint32_t ah[4], al[4], ac[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) conv_pool::tf32_split(a[r], ah[r], al[r], ac[r]);
+      // Each accumulator takes its three products in the same order (small ones first), but the column tiles
+      // are interleaved so that consecutive mma are independent (a dependent mma waits for the previous one).
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        conv_pool::mma<M>(c[nt], al, bc[nt][0], bc[nt][1]);
-        conv_pool::mma<M>(c[nt], ac, bl[nt][0], bl[nt][1]);
-        conv_pool::mma<M>(c[nt], ah, bh[nt][0], bh[nt][1]);
-      }
+      for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], al, bc[nt][0], bc[nt][1]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], ac, bl[nt][0], bl[nt][1]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], ah, bh[nt][0], bh[nt][1]);
     } else {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], a, bq[nt][0], bq[nt][1]);
@@ -480,15 +482,27 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
   }
 }
 
-// grad_weight[ci, co, tap] = sum over blocks (in block order) of the partials, in the dtype, through its strides.
+// grad_weight[ci, co, tap] = sum over blocks of the partials, in the dtype, through its strides. A block sums 32
+// consecutive outputs; its kGroups rows of threads each add every kGroups-th block's partial in block order, then
+// the first row adds the groups' sums in group order: a fixed order, and kGroups loads in flight per output.
+constexpr int kReduceGroups = 8;
 template <typename io_t>
-__global__ void __launch_bounds__(256) grad_weight_reduce_kernel(const float* __restrict__ ws, int64_t blocks,
-                                                                 int ci_tiles, int co_tiles, int Cin, int Cout,
-                                                                 io_t* __restrict__ gw, int64_t s0, int64_t s1,
-                                                                 int64_t s2, int64_t s3, int64_t s4) {
+__global__ void __launch_bounds__(32 * kReduceGroups) grad_weight_reduce_kernel(
+    const float* __restrict__ ws, int64_t blocks, int ci_tiles, int co_tiles, int Cin, int Cout,
+    io_t* __restrict__ gw, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t s4) {
   const int64_t per_block = static_cast<int64_t>(ci_tiles) * co_tiles * 27 * kBM * kBN;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= per_block) return;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.f;
+  if (i < per_block) {
+    for (int64_t b = threadIdx.y; b < blocks; b += kReduceGroups) s += ws[b * per_block + i];
+  }
+  __shared__ float sums[kReduceGroups][32];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || i >= per_block) return;
+  float total = 0.f;
+#pragma unroll
+  for (int g = 0; g < kReduceGroups; ++g) total += sums[g][threadIdx.x];
   const int col = static_cast<int>(i % kBN);
   const int m = static_cast<int>((i / kBN) % kBM);
   const int tap = static_cast<int>((i / (kBN * kBM)) % 27);
@@ -496,9 +510,7 @@ __global__ void __launch_bounds__(256) grad_weight_reduce_kernel(const float* __
   const int cot = static_cast<int>(tile % co_tiles), cit = static_cast<int>(tile / co_tiles);
   const int ci = cit * kBM + m, co = cot * kBN + col;
   if (ci >= Cin || co >= Cout) return;
-  float s = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) s += ws[b * per_block + i];
-  gw[ci * s0 + co * s1 + (tap / 9) * s2 + ((tap / 3) % 3) * s3 + (tap % 3) * s4] = conv_pool::from_float<io_t>(s);
+  gw[ci * s0 + co * s1 + (tap / 9) * s2 + ((tap / 3) % 3) * s3 + (tap % 3) * s4] = conv_pool::from_float<io_t>(total);
 }
 
 }  // namespace conv_grad

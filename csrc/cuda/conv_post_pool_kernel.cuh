@@ -72,16 +72,20 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
               tf32_split_finite(b[nt][0], bh[nt][0], bl[nt][0]);
               tf32_split_finite(b[nt][1], bh[nt][1], bl[nt][1]);
             }
-            // The same products in the same order as below, with cross = hi.
+            // The same products in the same order as below, with cross = hi; interleaved over the tiles so that
+            // consecutive mma are independent (each accumulator still takes its three products in order).
 #pragma unroll
-            for (int i = 0; i < MT; ++i) {
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) {
-                mma<M>(acc[i][nt], al[i], bh[nt][0], bh[nt][1]);
-                mma<M>(acc[i][nt], ah[i], bl[nt][0], bl[nt][1]);
-                mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
-              }
-            }
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], al[i], bh[nt][0], bh[nt][1]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bl[nt][0], bl[nt][1]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
           } else if constexpr (M == Mode::kStrict) {
             uint32_t ah[MT][4], al[MT][4], ac[MT][4], bh[kNT][2], bl[kNT][2], bc[kNT][2];
 #pragma unroll
@@ -94,16 +98,19 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
               tf32_split(b[nt][0], bh[nt][0], bl[nt][0], bc[nt][0]);
               tf32_split(b[nt][1], bh[nt][1], bl[nt][1], bc[nt][1]);
             }
-            // Small products first; lo x lo (~2^-22 relative) is dropped.
+            // Small products first; lo x lo (~2^-22 relative) is dropped. Interleaved as above.
 #pragma unroll
-            for (int i = 0; i < MT; ++i) {
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) {
-                mma<M>(acc[i][nt], al[i], bc[nt][0], bc[nt][1]);
-                mma<M>(acc[i][nt], ac[i], bl[nt][0], bl[nt][1]);
-                mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
-              }
-            }
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], al[i], bc[nt][0], bc[nt][1]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ac[i], bl[nt][0], bl[nt][1]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
           } else {
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
