@@ -395,6 +395,106 @@ __device__ __forceinline__ void warp_tile(float (&acc)[kMaxTaps][kNT][4], const 
   }
 }
 
+// The compute warps' taps as runtime values, slot k (0..3) in nibble k, in the slot order of warp_taps (the first
+// phase's taps, then the second's): phase, input delta, and the number of slots. Must agree with warp_taps.
+struct WarpSlots {
+  uint32_t phases, deltas;
+  int ntap;
+};
+__host__ __device__ constexpr WarpSlots warp_slots(int w) {
+  return WarpSlots{
+      w == 0 ? 0x0110u : w == 1 ? 0x4422u : w == 2 ? 0x3333u : w == 3 ? 0x5555u : w == 4 ? 0x6666u : 0x7777u,
+      w == 0 ? 0x0100u : w == 1 ? 0x4020u : w == 2 ? 0x3210u : w == 3 ? 0x5410u : w == 4 ? 0x6420u
+      : w == 5 ? 0x3210u : 0x7654u,
+      w == 0 ? 3 : 4};
+}
+__host__ __device__ constexpr bool slots_agree(int w) {
+  const WarpTaps wt = warp_taps(w);
+  const WarpSlots ws = warp_slots(w);
+  int k = 0;
+  for (int pi = 0; pi < wt.nphase; ++pi) {
+    for (int j = 0; j < wt.ntap[pi]; ++j, ++k) {
+      if (static_cast<int>((ws.phases >> (4 * k)) & 7u) != wt.phase[pi]) return false;
+      if (static_cast<int>((ws.deltas >> (4 * k)) & 7u) != wt.delta[pi][j]) return false;
+    }
+  }
+  return k == ws.ntap;
+}
+static_assert(slots_agree(0) && slots_agree(1) && slots_agree(2) && slots_agree(3) && slots_agree(4) &&
+                  slots_agree(5) && slots_agree(6),
+              "warp_slots must list warp_taps' taps in slot order");
+
+// One K tile for any compute warp, its taps read at run time: one copy of the code for all warps. Strict float32
+// takes this form: its seven specialised copies (three products and two operand splits per tap) did not fit the
+// instruction cache, and the warps stalled on instruction fetch (ncu: 65% of stall cycles).
+template <Mode M>
+__device__ __forceinline__ void warp_tile_shared(float (&acc)[kMaxTaps][kNT][4], const uint32_t* __restrict__ sG,
+                                                 const uint8_t* __restrict__ sOH, const uint32_t* __restrict__ sX,
+                                                 int lane, int warp) {
+  using S = Smem<M>;
+  constexpr int NW = S::kOneHotBytesPerLane / 4;
+  const int g = lane >> 2, t = lane & 3;
+  const int a_base = g * S::kXPitch + t;
+  const WarpSlots ws = warp_slots(warp);
+  const uint32_t phases = ws.phases, deltas = ws.deltas;
+  const int ntap = ws.ntap;
+  int aoff[kMaxTaps];
+#pragma unroll
+  for (int k = 0; k < kMaxTaps; ++k) {
+    const int dl = (deltas >> (4 * k)) & 7, dd = dl >> 2, dh = (dl >> 1) & 1, dw = dl & 1;
+    aoff[k] = S::kHalf ? (dw * kBM) * S::kXPitch + (dd * kHH + dh) * (kTW / 2) : (dd * kHH + dh) * kHW + dw;
+  }
+#pragma unroll 1
+  for (int s = 0; s < S::kSteps; ++s) {
+    const uint4 b01 = *reinterpret_cast<const uint4*>(sG + (s * 2) * 128 + lane * 4);
+    const uint4 b23 = *reinterpret_cast<const uint4*>(sG + (s * 2 + 1) * 128 + lane * 4);
+    const uint32_t b[kNT][2] = {{b01.x, b01.y}, {b01.z, b01.w}, {b23.x, b23.y}, {b23.z, b23.w}};
+    uint32_t hot[NW];
+    const uint32_t* hp = reinterpret_cast<const uint32_t*>(sOH) + (s * 32 + lane) * NW;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) hot[i] = hp[i];
+    int row;
+    if constexpr (S::kHalf) {
+      row = ((s / kTH) * kHH + s % kTH) * (kTW / 2);
+    } else {
+      row = (((s >> 1) / kTH) * kHH + (s >> 1) % kTH) * kHW + (s & 1) * 8;
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxTaps; ++k) {
+      if (k >= ntap) break;
+      const int P = (phases >> (4 * k)) & 7;
+      uint32_t bm[NW];
+#pragma unroll
+      for (int i = 0; i < NW; ++i) bm[i] = ((hot[i] >> P) & 0x01010101u) * 0xffu;
+      uint32_t bq[kNT][2] = {{b[0][0] & word_mask<S::kHalf, 0>(bm), b[0][1] & word_mask<S::kHalf, 1>(bm)},
+                             {b[1][0] & word_mask<S::kHalf, 2>(bm), b[1][1] & word_mask<S::kHalf, 3>(bm)},
+                             {b[2][0] & word_mask<S::kHalf, 4>(bm), b[2][1] & word_mask<S::kHalf, 5>(bm)},
+                             {b[3][0] & word_mask<S::kHalf, 6>(bm), b[3][1] & word_mask<S::kHalf, 7>(bm)}};
+      const uint32_t* ap = sX + a_base + row + aoff[k];
+      uint32_t a[4] = {ap[0], ap[8 * S::kXPitch], ap[4], ap[8 * S::kXPitch + 4]};
+      float(&c)[kNT][4] = acc[k];
+      if constexpr (M == Mode::kStrict) {
+        uint32_t bh[kNT][2], bl[kNT][2], bc[kNT][2], ah[4], al[4], ac[4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) conv_pool::tf32_split(bq[nt][r], bh[nt][r], bl[nt][r], bc[nt][r]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) conv_pool::tf32_split(a[r], ah[r], al[r], ac[r]);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], al, bc[nt][0], bc[nt][1]);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], ac, bl[nt][0], bl[nt][1]);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], ah, bh[nt][0], bh[nt][1]);
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) conv_pool::mma<M>(c[nt], a, bq[nt][0], bq[nt][1]);
+      }
+    }
+  }
+}
+
 // Writes compute warp WARP's accumulators to the block's partial [27, kBM, kBN].
 template <int WARP>
 __device__ __forceinline__ void store_partial(const float (&acc)[kMaxTaps][kNT][4], float* __restrict__ part,
@@ -455,7 +555,9 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
     }
     const int64_t next = tile + gridDim.x;
     if (next < p.n_tiles) load_tile<M>(p, tile_origin(p, next), ci0, co0, regs);
-    switch (warp) {
+    if constexpr (M == Mode::kStrict) {
+      if (warp < kComputeWarps) warp_tile_shared<M>(acc, sG, sOH, sX, lane, warp);
+    } else switch (warp) {
       case 0: warp_tile<M, 0>(acc, sG, sOH, sX, lane); break;
       case 1: warp_tile<M, 1>(acc, sG, sOH, sX, lane); break;
       case 2: warp_tile<M, 2>(acc, sG, sOH, sX, lane); break;
