@@ -180,7 +180,6 @@ def median_graph_us(fn, iters=20, blocks=7):
 def time_all(ext, out):
     rows = []
     c = KB
-    flops = 2.0 * c["N"] * 16 * 32 * 32 * 8 * c["Cin"] * c["Cout"] * 27 / 8 * 8 / 8  # dense equivalent
     for dtype, tf32, name in ((torch.float32, True, "TF32"), (torch.bfloat16, False, "bf16"),
                               (torch.float16, False, "fp16"), (torch.float32, False, "strict")):
         x, go, sel, off, m = make_case(c["N"], c["Cin"], c["Cout"], c["D"], c["H"], c["W"], c["op"], dtype)
@@ -223,7 +222,6 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--small", action="store_true", help="--check on the first cases only (sanitizers)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     ext = build()
