@@ -49,12 +49,6 @@ constexpr const char* kGradWeightOp = "fused::_conv_transpose3d_post_pool_grad_w
 constexpr const char* kGradInputOp = "fused::_conv_transpose3d_post_pool_grad_input";
 constexpr auto kCL = at::MemoryFormat::ChannelsLast3d;
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
 void check_defined(const char* op, const char* name, const at::Tensor& t) {
   // None reaches a Tensor argument as an undefined tensor.
   TORCH_CHECK_TYPE(t.defined(), op, ": ", name, " must be a Tensor, got None");

@@ -17,20 +17,6 @@
 namespace fused {
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
-// int[3] arguments: one value expands to all three dims.
-Int3 expand3(const char* op, const char* name, at::IntArrayRef v) {
-  TORCH_CHECK_VALUE(v.size() == 1 || v.size() == 3, op, ": ", name,
-                    " must be a single int or a list of three ints, got ", shape_str(v));
-  if (v.size() == 1) return {v[0], v[0], v[0]};
-  return {v[0], v[1], v[2]};
-}
-
 void check_defined(const char* op, const char* name, const at::Tensor& t) {
   // None reaches a Tensor argument as an undefined tensor.
   TORCH_CHECK_TYPE(t.defined(), op, ": ", name, " must be a Tensor, got None");

@@ -6,11 +6,21 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <limits>
 
 namespace fused {
+
+// A shape as "[a, b, c]", for error messages.
+std::string shape_str(at::IntArrayRef s);
+
+// An int[3] argument: one value stands for all three dims (max_pool3d's rule); an empty list gives `dflt` where
+// `allow_empty`, else raises ValueError naming `name`, prefixed by `op`, as does any other length.
+std::array<int64_t, 3> expand3(const char* op, const char* name, at::IntArrayRef v,
+                               std::array<int64_t, 3> dflt = {0, 0, 0}, bool allow_empty = false);
 
 // Everything a kernel needs to walk the pool windows. Sizes are int64 so that offsets never overflow.
 struct PoolGeometry {

@@ -16,7 +16,6 @@
 #include <utility>
 
 namespace fused {
-namespace {
 
 std::string shape_str(at::IntArrayRef s) {
   std::ostringstream os;
@@ -24,7 +23,6 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-// int[3] arguments: one value expands to all three dims, as in max_pool3d.
 std::array<int64_t, 3> expand3(const char* op, const char* name, at::IntArrayRef v, std::array<int64_t, 3> dflt,
                                bool allow_empty) {
   if (v.empty() && allow_empty) return dflt;
@@ -33,6 +31,8 @@ std::array<int64_t, 3> expand3(const char* op, const char* name, at::IntArrayRef
   if (v.size() == 1) return {v[0], v[0], v[0]};
   return {v[0], v[1], v[2]};
 }
+
+namespace {
 
 int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
   // max_pool3d's formula (ATen pooling_output_shape): floor division, and in ceil mode the last window must

@@ -8,24 +8,15 @@ import torch
 
 import torch_fused_ops  # noqa: F401  (import failure must be loud, not a skip)
 from fused_testing import (
-    CHANNELS_LAST,
-    DEFAULT_SHAPE,
-    DEVICES,
     GRAD_TOL_LOW,
-    HALF_DTYPES,
-    NONOVERLAP,
     POOL_CONFIGS,
     assert_bitwise_equal,
-    composite,
     eager_grads,
     grad_multiplier_tol,
     make_input,
     make_multiplier,
     grad_output_for,
     op_grads,
-    op_args,
-    resolved_pool,
-    tie_free_input,
 )
 
 
