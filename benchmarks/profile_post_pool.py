@@ -1,5 +1,5 @@
-"""One call of each fused.post_pool kernel at the default size, and of the fused convolution at the KernelBench
-size, for Nsight Compute to profile (`bash scripts/gpu.sh ncu` runs it under ncu).
+"""One call of each fused.post_pool kernel at the default size, and of the fused convolution (forward and its
+backward) at the KernelBench size, for Nsight Compute to profile (`bash scripts/gpu.sh ncu` runs it under ncu).
 
     ncu --clock-control none -k regex:post_pool --section SpeedOfLight ... python benchmarks/profile_post_pool.py
 
@@ -33,8 +33,11 @@ def main():
     w = torch.randn(16, 32, 3, 3, 3, device="cuda") * 0.1
     b, m = torch.randn(32, device="cuda"), torch.randn(32, 1, 1, 1, device="cuda")
     conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+    # The training forward, then its pooled-resolution backward (grad_conv, grad_weight, and grad_input for x).
+    x.requires_grad_()
     w.requires_grad_()
-    conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+    out = conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+    out.backward(torch.randn_like(out))
     torch.cuda.synchronize()
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build, tests, benchmark, and optionally Nsight Compute and compute-sanitizer.
 #
-#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench train ncu sanitize; default: tests bench) run in that
+#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench train ncu sass sanitize; default: tests bench) run in that
 #                                      order after the build, whatever order they are given in
 #   bash scripts/gpu.sh --plan         print the test shards and exit (no GPU needed)
 #   bash scripts/gpu.sh --hash         the sources' content hash (the summary's "sources" field), to compare here
@@ -29,6 +29,10 @@
 #             NCU_TRAIN=1: instead, every kernel (or those matching $NCU_KERNELS) of one compiled pass-on training
 #             step (python -m torch_fused_ops.bench_train --ncu-step $NCU_TRAIN_CONFIG, default tf32), the
 #             compilation and warm-up outside the profiled range (ncu --profile-from-start off).
+#   sass      the built library's machine code (cuobjdump -sass) for the kernels whose names match $SASS_KERNELS
+#             (a regex; default grad_weight_kernel|grad_input_kernel|conv_t3d_post_pool_kernel): per kernel, its
+#             static instruction count and opcode mix, then the code itself, in sass.txt (what ncu's instruction
+#             counts are made of; this machine has no cuobjdump).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
 #             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py) with -k $SANITIZE_K
@@ -41,8 +45,8 @@
 # timeout is cut to what is left, and a step with under 20 s left is skipped and says so in the summary.
 # What comes back in $OUT (the device tool returns at most 8 files): summary.txt (every step's result, the test
 # totals, the bench tables), tests.log (all shards), bench.md (the train step's tables too), bench_cuda.json,
-# bench_cuda.png, bench_train.json, ncu.txt, sanitize.log, extra.log (every step and EXTRA at once make 9: one
-# is lost). Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
+# bench_cuda.png, bench_train.json, ncu.txt, sass.txt, sanitize.log, extra.log (every step and EXTRA at once make
+# 10: two are lost). Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
 #
 # Examples (one 10-minute device call each):
 #   bash scripts/gpu.sh                                       the whole suite, then the bench
@@ -97,7 +101,7 @@ esac
 
 STEPS=" ${*:-tests bench} "
 for s in $STEPS; do
-  case "$s" in tests|bench|train|ncu|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench train ncu sanitize)"; exit 2 ;; esac
+  case "$s" in tests|bench|train|ncu|sass|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench train ncu sass sanitize)"; exit 2 ;; esac
 done
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
@@ -237,7 +241,7 @@ if want ncu; then
       ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.bench_train
                --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
     else
-      ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d}")
+      ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d|grad_}")
       ncu_cmd=(python3 benchmarks/profile_post_pool.py)
     fi
     # shellcheck disable=SC2086
@@ -248,6 +252,32 @@ if want ncu; then
     note "ncu: rc=$rc in $((SECONDS - t0)) s, $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu.txt") kernels profiled (ncu.txt)"
     grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|Registers Per Thread|Achieved Occupancy" "$OUT/ncu.txt" \
       | head -80 >> "$summary"
+  fi
+fi
+
+# ---- machine code -----------------------------------------------------------------------------------------
+if want sass; then
+  lib=$(ls torch_fused_ops/_C*.so 2>/dev/null | head -1)
+  if [ -z "$lib" ] || ! command -v cuobjdump > /dev/null; then
+    note "sass: skipped (library: ${lib:-none}; cuobjdump: $(command -v cuobjdump || echo none))"
+  else
+    cuobjdump -sass "$lib" > "$T/sass_all.txt" 2>&1
+    python3 - "$T/sass_all.txt" "${SASS_KERNELS:-grad_weight_kernel|grad_input_kernel|conv_t3d_post_pool_kernel}" \
+      > "$OUT/sass.txt" <<'PY'
+import collections, re, sys
+text = open(sys.argv[1]).read()
+want = re.compile(sys.argv[2])
+blocks = [b for b in re.split(r"\n\s*Function : ", text)[1:] if want.search(b.split("\n", 1)[0])]
+op = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+for b in blocks:
+    counts = collections.Counter(op.findall(b))
+    print(f"{b.split(chr(10), 1)[0].strip()}: {sum(counts.values())} instructions; "
+          + ", ".join(f"{k} {v}" for k, v in counts.most_common(30)))
+for b in blocks:
+    print("\n==== " + b)
+PY
+    note "sass: rc=$? ($(grep -c ': [0-9]* instructions;' "$OUT/sass.txt") kernels in sass.txt)"
+    grep -E ": [0-9]+ instructions;" "$OUT/sass.txt" | cut -c1-400 >> "$summary"
   fi
 fi
 
