@@ -8,7 +8,8 @@ small binding), checks them against eager float64 autograd and times them agains
           error beside ours; odd sizes, channel tails, output_padding mixes, channels_last_3d, N = 0, NaN/inf,
           determinism (two calls bit-equal).
 --time    device time per call at the KernelBench size (CUDA-graph replays, median of blocks), cuDNN's weight
-          gradient on the full-resolution gradient beside it.
+          gradient on the full-resolution gradient beside it, and both weight gradients' relative L2 error against
+          float64 at that size.
 --profile one call of each precision (for ncu / compute-sanitizer to wrap).
 """
 from __future__ import annotations
@@ -198,10 +199,19 @@ def time_all(ext, out):
             t_cd = median_graph_us(cudnn_wgrad)
         esz = x.element_size()
         gc_bytes = go.numel() * (3 * esz + 1)
+        # Accuracy at this size: ours and cuDNN's (on the same full-resolution gradient) against float64.
+        w_shape = (c["Cin"], c["Cout"], 3, 3, 3)
+        Y64 = scatter_full(gc, off, conv_size)
+        ref = weight_grad_of(x.double(), Y64, w_shape, c["op"], torch.double, False)
+        e_ours = rel_l2(ext.grad_weight(gc, off, x, c["Cout"], list(c["op"]), tf32), ref)
+        e_cudnn = rel_l2(weight_grad_of(x, Y64, w_shape, c["op"], dtype, tf32), ref)
+        del Y64, ref
         rows.append(dict(precision=name, grad_conv_us=t_gc, grad_weight_us=t_gw, cudnn_wgrad_full_res_us=t_cd,
-                         grad_conv_floor_us=gc_bytes / 4.2e12 * 1e6, dense_gflop=7.25))
+                         grad_conv_floor_us=gc_bytes / 4.2e12 * 1e6, dense_gflop=7.25, grad_weight_rel_l2=e_ours,
+                         cudnn_wgrad_rel_l2=e_cudnn))
         print(f"{name:7s} grad_conv {t_gc:7.1f} us (floor {gc_bytes / 4.2e12 * 1e6:5.1f})  grad_weight {t_gw:7.1f} us"
-              f"  cuDNN wgrad on full-res {t_cd:7.1f} us", flush=True)
+              f"  cuDNN wgrad on full-res {t_cd:7.1f} us  grad_weight rel L2 {e_ours:.2e} (cuDNN {e_cudnn:.2e})",
+              flush=True)
     if out:
         with open(os.path.join(out, "conv_backward_kernels.json"), "w") as f:
             json.dump(rows, f, indent=1)
