@@ -1,0 +1,187 @@
+// Staging of the weight-gradient kernel's K tiles (conv_post_pool_grad_weight.cuh): each thread's global loads of
+// one tile into registers, then their stores to shared memory in fragment order.
+#pragma once
+
+#include "conv_post_pool_grad_weight_params.cuh"
+
+#include <cstdint>
+
+namespace fused {
+namespace conv_grad {
+
+// A value of the staged tensors as the mma wants it.
+template <Mode M>
+__device__ __forceinline__ uint32_t operand_word(float v) {
+  return M == Mode::kTF32 ? conv_pool::tf32_round(v) : __float_as_uint(v);
+}
+
+// The K tile's position: batch n and its first pooled position.
+struct TileOrigin {
+  int n, qd0, qh0, qw0;
+};
+__device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int64_t tile) {
+  TileOrigin o;
+  int64_t rem = tile;
+  o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
+  rem /= p.tiles_w;
+  o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
+  rem /= p.tiles_h;
+  o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
+  o.n = static_cast<int>(rem / p.tiles_d);
+  return o;
+}
+
+// Loads whose issue order the compiler keeps (volatile asm is not moved across the mma asm): the next tile's
+// loads are issued before this tile's products and their latency hides behind them.
+__device__ __forceinline__ uint32_t ld_u32(const void* ptr) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_u16(const void* ptr) {
+  uint16_t v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
+  uint16_t v;
+  asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
+
+// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it so), and the element ->
+// thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus compile-time steps:
+//   grad_conv/offsets: tile position tp = tid % 128, output-channel columns c0 + 2u (c0 = tid / 128, u < 16);
+//   float32 input halo: halo position tid (< 255), input channels u < 16;
+//   16-bit input halo: halo row tid / 8 % 16 (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8),
+//   plus the last halo column (w = 16) of (channel, row) = (tid / 15, tid % 15) for tid < 240.
+constexpr int kGradPer = kPos * kBN / kThreads;  // 16
+template <Mode M>
+struct TileRegs {
+  static constexpr int kX = ModeTraits<M>::kHalf ? 17 : 16;
+  uint32_t g[kGradPer];    // grad_conv bits
+  uint32_t off[kGradPer];  // offsets; 8 (no phase: a zero one-hot) outside the tensor
+  uint32_t x[kX];          // input bits (16-bit: 8 pairs as 16 halves, then the last column)
+};
+
+template <Mode M>
+__device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileOrigin& o, int ci0, int co0,
+                                          TileRegs<M>& r) {
+  constexpr bool kHalf = ModeTraits<M>::kHalf;
+  const int tid = threadIdx.x;
+  {
+    const int tp = tid % kPos, c0 = tid / kPos;
+    const int qd = o.qd0 + tp / (kTH * kTW), qh = o.qh0 + (tp / kTW) % kTH, qw = o.qw0 + tp % kTW;
+    const bool pos_ok = qd < p.PD && qh < p.PH && qw < p.PW;
+    const int64_t at = ((static_cast<int64_t>(o.n) * p.Cout + co0 + c0) * p.PD + qd) * p.PH * p.PW +
+                       static_cast<int64_t>(qh) * p.PW + qw;
+    const int64_t step = 2 * static_cast<int64_t>(p.PD) * p.PH * p.PW;
+#pragma unroll
+    for (int u = 0; u < kGradPer; ++u) {
+      const bool ok = pos_ok && co0 + c0 + 2 * u < p.Cout;
+      const int64_t e = at + u * step;
+      if constexpr (kHalf) {
+        r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
+      } else {
+        r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+      }
+      r.off[u] = ok ? ld_u8(p.off + e) : 8u;
+    }
+  }
+  const int64_t plane = static_cast<int64_t>(p.D) * p.H * p.W;
+  if constexpr (!kHalf) {
+    const int hd = tid / (kHH * kHW), hh = (tid / kHW) % kHH, hw = tid % kHW;
+    const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
+    const bool pos_ok = tid < kHaloRows * kHW && d < p.D && h < p.H && w < p.W;
+    const int64_t at = (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      r.x[u] = pos_ok && ci0 + u < p.Cin ? ld_u32(static_cast<const float*>(p.x) + at + u * plane) : 0u;
+    }
+  } else {
+    const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+    {
+      const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
+      const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
+      const int64_t at =
+          (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const bool ok = row_ok && ci0 + c0 + 2 * u < p.Cin;
+        r.x[2 * u] = ok && w < p.W ? ld_u16(x16 + at + 2 * u * plane) : 0u;
+        r.x[2 * u + 1] = ok && w + 1 < p.W ? ld_u16(x16 + at + 2 * u * plane + 1) : 0u;
+      }
+    }
+    {
+      const int ci = tid / kHaloRows, row = tid % kHaloRows;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + kTW;
+      const bool ok = tid < kBM * kHaloRows && ci0 + ci < p.Cin && d < p.D && h < p.H && w < p.W;
+      r.x[16] = ok ? ld_u16(x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + ci) * plane +
+                            (static_cast<int64_t>(d) * p.H + h) * p.W + w)
+                   : 0u;
+    }
+  }
+}
+
+// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as A
+// words (float32 operands TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards
+// from the stored pairs (build_shifted_pairs), after a barrier.
+template <Mode M>
+__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t* __restrict__ sG, uint8_t* __restrict__ sOH,
+                                           uint32_t* __restrict__ sX, uint16_t* __restrict__ sLast) {
+  using S = Smem<M>;
+  const int tid = threadIdx.x;
+  {
+    const int tp = tid % kPos, c0 = tid / kPos;
+    const int kp = tp % (8 * S::kPosPerWord), sstep = tp / (8 * S::kPosPerWord);
+    const int kw = kp / S::kPosPerWord, hs = kp % S::kPosPerWord, t = kw & 3, hi = kw >> 2;
+    const int wbase = sstep * 256 + c0 * 16 + t * 4 + hi;
+    const int hbase = S::kHalf ? sstep * 512 + c0 * 64 + t * 16 + hi * 2 + hs : sstep * 256 + c0 * 32 + t * 8 + hi;
+#pragma unroll
+    for (int u = 0; u < kGradPer; ++u) {
+      const int word = wbase + (u >> 3) * 128 + (u & 3) * 32 + ((u >> 2) & 1) * 2;
+      if constexpr (S::kHalf) {
+        reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
+        sOH[hbase + (u & 3) * 128 + (u >> 2) * 4] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      } else {
+        sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
+        sOH[hbase + (u & 3) * 64 + (u >> 2) * 2] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      }
+    }
+  }
+  if constexpr (!S::kHalf) {
+    if (tid < kHaloRows * kHW) {
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        sX[u * S::kXPitch + tid] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
+      }
+    }
+  } else {
+    const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
+    if (row < kHaloRows) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        sX[(c0 + 2 * u) * S::kXPitch + row * (kTW / 2) + j] = r.x[2 * u] | (r.x[2 * u + 1] << 16);
+      }
+    }
+    if (tid < kBM * kHaloRows) sLast[tid] = static_cast<uint16_t>(r.x[16]);
+  }
+}
+
+// 16-bit halo: the shift-1 copy, pairs (x[2j + 1], x[2j + 2]), from the stored shift-0 pairs and the last column.
+template <Mode M>
+__device__ __forceinline__ void build_shifted_pairs(uint32_t* __restrict__ sX, const uint16_t* __restrict__ sLast) {
+  using S = Smem<M>;
+  constexpr int kPairs = kTW / 2;
+  constexpr int kTotal = kBM * kHaloRows * kPairs;
+  for (int i = threadIdx.x; i < kTotal; i += kThreads) {
+    const int j = i % kPairs, row = (i / kPairs) % kHaloRows, ci = i / (kPairs * kHaloRows);
+    const uint32_t* src = sX + ci * S::kXPitch + row * kPairs;
+    const uint32_t next = j + 1 < kPairs ? src[j + 1] : static_cast<uint32_t>(sLast[ci * kHaloRows + row]);
+    sX[(kBM + ci) * S::kXPitch + row * kPairs + j] = __byte_perm(src[j], next, 0x5432);
+  }
+}
+
+}  // namespace conv_grad
+}  // namespace fused
