@@ -198,17 +198,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_conv_op(const at::Tensor& gr
   check_defined(op, "selected", selected);
   check_defined(op, "offsets", offsets);
   check_defined(op, "multiplier", multiplier);
-  TORCH_CHECK_VALUE(grad_output.dim() == 5 && selected.sizes() == grad_output.sizes() &&
-                        offsets.sizes() == grad_output.sizes(),
-                    op, ": grad_output ", shape_str(grad_output.sizes()), ", selected ", shape_str(selected.sizes()),
-                    " and offsets ", shape_str(offsets.sizes()), " must be 5-D with equal shapes");
-  TORCH_CHECK_TYPE(selected.scalar_type() == grad_output.scalar_type(), op,
-                   ": grad_output and selected must share one dtype, got ", grad_output.scalar_type(), " and ",
-                   selected.scalar_type());
+  check_saved_pooled(op, grad_output, selected, offsets);
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kByte, op, ": offsets must be uint8 (2x2x2 windows), got ",
                    offsets.scalar_type());
-  TORCH_CHECK_VALUE(selected.device() == grad_output.device() && offsets.device() == grad_output.device(), op,
-                    ": grad_output, selected and offsets must be on one device");
   // post_pool's own checks of the dtype and the multiplier (one element, or C along the channel dim), with a
   // kernel of 1 so that grad_output's sizes are the pooled ones.
   check_post_pool_sizes(op, grad_output.sizes(), grad_output.scalar_type(), grad_output.device(), multiplier, {1},

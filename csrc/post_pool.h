@@ -63,6 +63,11 @@ PoolGeometry check_post_pool_sizes(const char* op, at::IntArrayRef sizes, at::Sc
                                    at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
                                    bool channels_last);
 
+// The saved tensors a pooled backward starts from: grad_output, selected and offsets 5-D with one shape,
+// grad_output and selected of one dtype, all three on one device; raises ValueError / TypeError prefixed by `op`.
+void check_saved_pooled(const char* op, const at::Tensor& grad_output, const at::Tensor& selected,
+                        const at::Tensor& offsets);
+
 // Same, for the backward op, whose geometry comes from the saved forward outputs.
 PoolGeometry check_post_pool_backward_args(
     const at::Tensor& grad_output,

@@ -171,12 +171,8 @@ PoolGeometry check_post_pool_args(const char* op, const at::Tensor& input, const
                                output_memory_format(input) == at::MemoryFormat::ChannelsLast3d);
 }
 
-PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const at::Tensor& selected,
-                                           const at::Tensor& offsets, const at::Tensor& multiplier,
-                                           at::IntArrayRef input_size, at::IntArrayRef kernel_size,
-                                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                           bool channels_last) {
-  const char* op = "fused::post_pool_backward";
+void check_saved_pooled(const char* op, const at::Tensor& grad_output, const at::Tensor& selected,
+                        const at::Tensor& offsets) {
   TORCH_CHECK_VALUE(grad_output.dim() == 5 && selected.sizes() == grad_output.sizes() &&
                         offsets.sizes() == grad_output.sizes(),
                     op, ": grad_output ", shape_str(grad_output.sizes()), ", selected ", shape_str(selected.sizes()),
@@ -186,6 +182,15 @@ PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const 
                    selected.scalar_type());
   TORCH_CHECK_VALUE(selected.device() == grad_output.device() && offsets.device() == grad_output.device(), op,
                     ": grad_output, selected and offsets must be on one device");
+}
+
+PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const at::Tensor& selected,
+                                           const at::Tensor& offsets, const at::Tensor& multiplier,
+                                           at::IntArrayRef input_size, at::IntArrayRef kernel_size,
+                                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                           bool channels_last) {
+  const char* op = "fused::post_pool_backward";
+  check_saved_pooled(op, grad_output, selected, offsets);
   PoolGeometry g = check_common(op, input_size, grad_output.scalar_type(), grad_output.device(), multiplier,
                                 kernel_size, stride, padding, dilation);
   // ceil_mode is not an argument here: the pooled sizes come from grad_output.

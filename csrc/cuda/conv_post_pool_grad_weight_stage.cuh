@@ -9,12 +9,6 @@
 namespace fused {
 namespace conv_grad {
 
-// A value of the staged tensors as the mma wants it.
-template <Mode M>
-__device__ __forceinline__ uint32_t operand_word(float v) {
-  return M == Mode::kTF32 ? conv_pool::tf32_round(v) : __float_as_uint(v);
-}
-
 // The K tile's position: batch n and its first pooled position.
 struct TileOrigin {
   int n, qd0, qh0, qw0;
