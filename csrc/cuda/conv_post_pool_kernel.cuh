@@ -131,9 +131,15 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
   constexpr bool kHalf = ModeTraits<M>::kHalf;
   using TS = TileShape<MT>;
   constexpr int kChunkWords = 8 * KS;
+  // Pipelined: two halo buffers, the current tile's and the next one's (filled slice by slice during the phases).
+  constexpr bool kPipe = kPipelined<M, MT, KS>;
+  constexpr int kHalos = kPipe ? 2 : 1;
+  constexpr int kHaloWords = TS::kPitch * kChunkWords;
+  // Only the largest chunk size can take several chunks (the launcher's chunk choice).
+  constexpr bool kMayChunk = KS == kMaxChunkWords / 8 || M == Mode::kStrict;
   extern __shared__ __align__(16) uint32_t smem[];
   uint32_t* sB = smem;
-  uint32_t* sA = smem + 27 * kChunkWords * kBlockN;
+  uint32_t* const sHalo = smem + 27 * kChunkWords * kBlockN;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -142,8 +148,11 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
 
   // The block's channel parameters in shared memory (read per phase by the exact form, which keeps them out of
   // the registers the accumulators need); the monotone form needs only this thread's signs, as a bit mask.
-  float* sMult = reinterpret_cast<float*>(sA + TS::kPitch * kChunkWords);
+  float* sMult = reinterpret_cast<float*>(sHalo + kHalos * kHaloWords);
   float* sBias = sMult + kBlockN;
+  // Pipelined: the origin of the tile each halo buffer is being filled for. Block-uniform, so it lives in shared
+  // memory (read per slice) instead of four registers per thread over the whole tile.
+  TileOrigin* sOrigin = reinterpret_cast<TileOrigin*>(sBias + kBlockN);
   bool breaks_monotone = false;
   if (tid < kBlockN) {
     const int co = co0 + tid;
@@ -181,24 +190,50 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
     a_base[i] = (row_d[i] * TS::kHH + row_h[i]) * TS::kHW + g + t * TS::kPitch;
   }
 
+  using HI = HaloItems<MT, KS>;
+  // Pipelined: the first tile's halo is staged here; each tile's loop then stages the next one.
+  bool next_unsafe = false;
+  if constexpr (kPipe) {
+    // The batched staging loops (several loads in flight per thread): one slice at a time would pay a memory
+    // round trip per slice, all of it exposed for a block with a single tile (small batches).
+    if (blockIdx.x < p.n_tiles) {
+      const TileOrigin o = tile_origin(p, blockIdx.x, TS::kTD);
+      if (p.x_channels_last) {
+        next_unsafe = stage_input<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, 0, kChunkWords);
+      } else {
+        next_unsafe = stage_input_rows<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, 0, kChunkWords);
+      }
+    }
+  }
+  int buf = 0;
+
   for (int64_t tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
-    int64_t rem = tile;
-    const int qw0 = static_cast<int>(rem % p.tiles_w) * kTileW;
-    rem /= p.tiles_w;
-    const int qh0 = static_cast<int>(rem % p.tiles_h) * kTileH;
-    rem /= p.tiles_h;
-    const int qd0 = static_cast<int>(rem % p.tiles_d) * TS::kTD;
-    const int n = static_cast<int>(rem / p.tiles_d);
+    const uint32_t* sA = sHalo + buf * kHaloWords;
+    uint32_t* const sNext = sHalo + (buf ^ 1) * kHaloWords;
+    const int64_t next_tile = tile + gridDim.x;
+    const bool has_next = kPipe && next_tile < p.n_tiles;
+    // Published by the barrier below (warps still finishing the previous tile read the other entry).
+    if (kPipe && has_next && threadIdx.x == 0) sOrigin[buf ^ 1] = tile_origin(p, next_tile, TS::kTD);
 
     // Strict float32: both operands of the staged chunk may take the simpler split (block-uniform).
     bool safe = false;
-    if (p.nchunks == 1) {
+    if constexpr (kPipe) {
+      // The halo of this tile is complete (every thread's stores of it are done) and the other buffer is free
+      // (every warp finished the previous tile).
+      if constexpr (M == Mode::kStrict) {
+        safe = w_safe && !__syncthreads_or(next_unsafe);
+      } else {
+        __syncthreads();
+      }
+      next_unsafe = false;
+    } else if (p.nchunks == 1) {
+      const TileOrigin o = tile_origin(p, tile, TS::kTD);
       __syncthreads();  // the previous tile's reads of sA are done
       bool x_unsafe;
       if (p.x_channels_last) {
-        x_unsafe = stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+        x_unsafe = stage_input<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, 0, kChunkWords);
       } else {
-        x_unsafe = stage_input_rows<M, MT>(p, sA, n, qd0, qh0, qw0, 0, kChunkWords);
+        x_unsafe = stage_input_rows<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, 0, kChunkWords);
       }
       if constexpr (M == Mode::kStrict) {
         safe = w_safe && !__syncthreads_or(x_unsafe);
@@ -214,8 +249,18 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
     (void)sel;
     (void)offs;
 
+    // The next tile's halo in 8 slices, one per phase: slice ph's loads are issued before phase ph's math and
+    // stored after phase ph + 1's, so two slices are in flight and each load has more than a phase to arrive.
+    HaloSlice<M, MT, KS> slices[2];
+    (void)slices;
 #pragma unroll
     for (int ph = 0; ph < 8; ++ph) {
+      if constexpr (kPipe) {
+        if (has_next) {
+          const TileOrigin next = sOrigin[buf ^ 1];
+          load_halo_slice<M, MT, KS>(p, next, slice_begin<HI>(ph), slice_begin<HI>(ph + 1), slices[ph & 1]);
+        }
+      }
       float acc[MT][kNT][4];
 #pragma unroll
       for (int i = 0; i < MT; ++i)
@@ -224,12 +269,13 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[i][nt][j] = 0.f;
 
-      for (int c = 0; c < p.nchunks; ++c) {
-        if (p.nchunks > 1) {
+      for (int c = 0; c < (kMayChunk ? p.nchunks : 1); ++c) {
+        if (kMayChunk && p.nchunks > 1) {
           __syncthreads();
           bool unsafe = false;
           stage_weights<M>(p, sB, co0, c, KS, sMult, !exact, unsafe);
-          unsafe |= stage_input<M, MT>(p, sA, n, qd0, qh0, qw0, c, kChunkWords);
+          const TileOrigin o = tile_origin(p, tile, TS::kTD);
+          unsafe |= stage_input<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, c, kChunkWords);
           if constexpr (M == Mode::kStrict) {
             safe = !__syncthreads_or(unsafe);
           } else {
@@ -244,6 +290,12 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
           }
         } else {
           phase_product<M, MT, KS, false>(acc, sA, sB, a_base, ph, lane);
+        }
+      }
+      if constexpr (kPipe) {
+        if (has_next && ph > 0) {
+          next_unsafe |= store_halo_slice<M, MT, KS>(p, sNext, slice_begin<HI>(ph - 1), slice_begin<HI>(ph),
+                                                     slices[(ph - 1) & 1]);
         }
       }
 
@@ -284,8 +336,14 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
               best[i][nt][j] = ph == 0 ? acc[i][nt][j] : max_nan(best[i][nt][j], acc[i][nt][j]);
       }
     }
+    if constexpr (kPipe) {
+      if (has_next) next_unsafe |= store_halo_slice<M, MT, KS>(p, sNext, slice_begin<HI>(7), HI::kItems, slices[1]);
+    }
 
     // Stores: int64 offsets; out, selected and offsets share strides.
+    // Decoded here rather than held in registers over the phases.
+    const TileOrigin o = tile_origin(p, tile, TS::kTD);
+    const int n = o.n, qd0 = o.qd0, qh0 = o.qh0, qw0 = o.qw0;
     const int64_t col0 = static_cast<int64_t>(co0 + 2 * t) * p.so[1];
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -321,6 +379,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
       __syncthreads();  // orders the stores above before the overwrites
       fix_missing_neighbours<M, TRAIN>(p, n, qd0, qh0, qw0, TS::kTD, co0);
     }
+    if constexpr (kPipe) buf ^= 1;
   }
 }
 
@@ -341,7 +400,7 @@ int blocks_per_sm(size_t smem) {
 
 template <Mode M, int MT, bool TRAIN, int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
-  const size_t smem = smem_bytes<MT>(8 * KS);
+  const size_t smem = smem_bytes<MT>(8 * KS, kPipelined<M, MT, KS> ? 2 : 1);
   auto kernel = conv_t3d_post_pool_kernel<M, MT, TRAIN, KS>;
   // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

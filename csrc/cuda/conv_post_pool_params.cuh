@@ -34,13 +34,21 @@ struct TileShape {
   static constexpr int kPositions = kTD * kTileH * kTileW;
 };
 
-// Shared memory of one block: the weight of its kBlockN channels (27 taps) and the input halo, for one chunk,
-// then the channels' multipliers and biases.
+// Shared memory of one block: the weight of its kBlockN channels (27 taps), `halos` input halo buffers for one
+// chunk, the channels' multipliers and biases, then two tile origins (4 ints each) of a pipelined block.
 template <int MT>
-constexpr size_t smem_bytes(int chunk_words) {
-  return (static_cast<size_t>(27 * kBlockN + TileShape<MT>::kPitch) * chunk_words + 2 * kBlockN) *
+constexpr size_t smem_bytes(int chunk_words, int halos) {
+  return (static_cast<size_t>(27 * kBlockN + halos * TileShape<MT>::kPitch) * chunk_words + 2 * kBlockN + 8) *
          sizeof(uint32_t);
 }
+
+// Whether an instantiation stages the next tile's halo while it computes the current one (two halo buffers): when
+// one chunk holds all of Cin (KS below the largest chunk; larger Cin restages per chunk), two blocks of two
+// buffers still fit one multiprocessor's shared memory (228 KB, 1 KB of it reserved per block), and not for strict
+// float32, whose three-product split already fills the registers (the prefetch made it spill hundreds of bytes).
+template <Mode M, int MT, int KS>
+constexpr bool kPipelined = M != Mode::kStrict && KS < kMaxChunkWords / 8 &&
+                            2 * (smem_bytes<MT>(8 * KS, 2) + 1024) <= 228 * 1024;
 
 struct Params {
   const void* x;

@@ -24,6 +24,18 @@ __device__ __forceinline__ int phase_tap(int ed, int eh, int ew, int td, int th,
   return kd * 9 + kh * 3 + kw;
 }
 
+// Global loads the compiler keeps in program order with the (volatile) mma: a prefetch issued before a phase's
+// math then stays there instead of being hoisted over the tile, which would hold every prefetched word in registers.
+__device__ __forceinline__ float ld_pinned(const float* ptr) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_pinned(const uint16_t* ptr) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
 // One k-word (chunk-relative `kw`) of tensor `base` with channel stride `sc`, as the mma wants it; returns
 // false when a real element is not finite.
 template <Mode M, typename Index>
@@ -190,6 +202,183 @@ __device__ bool stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int
     sA[kl * TS::kPitch + rr * TS::kHW + kTileW] = word;
   }
   return unsafe_words;
+}
+
+// The pooled tile a block computes: batch index and the first pooled (d, h, w).
+struct alignas(16) TileOrigin {
+  int n, qd0, qh0, qw0;
+};
+
+// Tile `tile` of the grid, in (n, d, h, w) order with w fastest. 32-bit division where the tile count allows it
+// (a 64-bit division is a long software routine, paid per tile).
+__device__ __forceinline__ TileOrigin tile_origin(const Params& p, int64_t tile, int tile_d) {
+  TileOrigin o;
+  if (p.n_tiles <= 0x7fffffff) {
+    uint32_t rem = static_cast<uint32_t>(tile);
+    const uint32_t tw = static_cast<uint32_t>(p.tiles_w), th = static_cast<uint32_t>(p.tiles_h);
+    const uint32_t td = static_cast<uint32_t>(p.tiles_d);
+    o.qw0 = static_cast<int>(rem % tw) * kTileW;
+    rem /= tw;
+    o.qh0 = static_cast<int>(rem % th) * kTileH;
+    rem /= th;
+    o.qd0 = static_cast<int>(rem % td) * tile_d;
+    o.n = static_cast<int>(rem / td);
+  } else {
+    int64_t rem = tile;
+    o.qw0 = static_cast<int>(rem % p.tiles_w) * kTileW;
+    rem /= p.tiles_w;
+    o.qh0 = static_cast<int>(rem % p.tiles_h) * kTileH;
+    rem /= p.tiles_h;
+    o.qd0 = static_cast<int>(rem % p.tiles_d) * tile_d;
+    o.n = static_cast<int>(rem / p.tiles_d);
+  }
+  return o;
+}
+
+// The halo words of one chunk that one thread stages, numbered as "items" so that a tile's staging can be split
+// into slices issued while the previous tile computes. Two orders, as stage_input_rows and stage_input: for an
+// input whose w stride is not 1 in channels, rows (k, hd, hh) of the halo with 16 lanes per row over its first
+// kTileW positions (coalesced in w), then the last column; for channels_last, consecutive (position, k) words.
+template <int MT, int KS>
+struct HaloItems {
+  using TS = TileShape<MT>;
+  static constexpr int kWords = 8 * KS;
+  static constexpr int kRowsPerWord = TS::kHD * TS::kHH;
+  static constexpr int kRows = kWords * kRowsPerWord;
+  static constexpr int kRowIters = (kRows + 15) / 16;  // 16 rows per pass of kThreads / 16 lanes
+  static constexpr int kRowItems = kRowIters + (kRows + kThreads - 1) / kThreads;
+  static constexpr int kFlatItems = (kWords * TS::kHalo + kThreads - 1) / kThreads;
+  static constexpr int kItems = kRowItems > kFlatItems ? kRowItems : kFlatItems;
+  // Items per slice when a tile's staging is spread over its 8 phases.
+  static constexpr int kPerSlice = (kItems + 7) / 8;  // at least the largest slice_begin difference
+};
+
+// threadIdx.x read where it is used: what is computed from it cannot be hoisted out of the tile loop, where it
+// would occupy registers (or spill) for the whole loop to save a few integer instructions per item.
+__device__ __forceinline__ int tid_here() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+// Where item `k` of this thread goes in the halo: (k-word, hd, hh, hw), or false when the item does not exist.
+// It does not depend on the tile, so a slice keeps only its words and recomputes this at its store.
+template <int MT, int KS>
+__device__ __forceinline__ bool halo_place(const Params& p, int k, int& kl, int& hd, int& hh, int& hw) {
+  using TS = TileShape<MT>;
+  using HI = HaloItems<MT, KS>;
+  const int tid = tid_here();
+  if (!p.x_channels_last) {
+    int r;
+    if (k < HI::kRowIters) {
+      r = (tid >> 4) + 16 * k;
+      hw = tid & 15;
+    } else {
+      r = tid + kThreads * (k - HI::kRowIters);
+      hw = kTileW;
+    }
+    if (k >= HI::kRowItems || r >= HI::kRows) return false;
+    kl = r / HI::kRowsPerWord;
+    const int rr = r - kl * HI::kRowsPerWord;
+    hd = rr / TS::kHH;
+    hh = rr - hd * TS::kHH;
+  } else {
+    const int i = tid + kThreads * k;
+    if (i >= HI::kWords * TS::kHalo) return false;
+    kl = i % HI::kWords;
+    const int hp = i / HI::kWords;
+    hd = hp / (TS::kHH * TS::kHW);
+    const int hr = hp - hd * (TS::kHH * TS::kHW);
+    hh = hr / TS::kHW;
+    hw = hr - hh * TS::kHW;
+  }
+  return true;
+}
+
+// First item of slice `ph` of 8 (slice 8 = the end).
+template <typename HI>
+__device__ __forceinline__ constexpr int slice_begin(int ph) { return ph * HI::kItems / 8; }
+
+// The raw bits of item `k` of this thread for the tile at `o` (chunk 0), zero outside the input as in
+// stage_input: one float32, or the two 16-bit channels of a k-word. Only loads: the conversion to the mma's word
+// (word_of_raw) waits for them, so it is done where the word is stored.
+template <Mode M>
+constexpr int kRawPerWord = ModeTraits<M>::kHalf ? 2 : 1;
+
+template <Mode M, int MT, int KS>
+__device__ __forceinline__ void halo_item_raw(const Params& p, const TileOrigin& o, int k,
+                                              uint32_t (&raw)[kRawPerWord<M>]) {
+#pragma unroll
+  for (int r = 0; r < kRawPerWord<M>; ++r) raw[r] = 0u;
+  int kl, hd, hh, hw;
+  if (!halo_place<MT, KS>(p, k, kl, hd, hh, hw)) return;
+  const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
+  if (d >= p.D || h >= p.H || w >= p.W) return;
+  const int64_t at = static_cast<int64_t>(o.n) * p.sx[0] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
+  if constexpr (!ModeTraits<M>::kHalf) {
+    if (kl < p.Cin) raw[0] = __float_as_uint(ld_pinned(static_cast<const float*>(p.x) + (at + kl * p.sx[1])));
+  } else {
+    const uint16_t* p16 = static_cast<const uint16_t*>(p.x);
+    if (2 * kl < p.Cin) raw[0] = ld_pinned(p16 + (at + 2 * kl * p.sx[1]));
+    if (2 * kl + 1 < p.Cin) raw[1] = ld_pinned(p16 + (at + (2 * kl + 1) * p.sx[1]));
+  }
+}
+
+// The staged word of raw bits, as load_word makes it.
+template <Mode M>
+__device__ __forceinline__ uint32_t word_of_raw(const uint32_t (&raw)[kRawPerWord<M>]) {
+  if constexpr (ModeTraits<M>::kHalf) {
+    return raw[0] | (raw[1] << 16);
+  } else {
+    return M == Mode::kTF32 ? tf32_round(__uint_as_float(raw[0])) : raw[0];
+  }
+}
+template <Mode M>
+__device__ __forceinline__ uint32_t word_of_raw(uint32_t raw) {
+  static_assert(!ModeTraits<M>::kHalf, "a 16-bit word has two raw halves");
+  return M == Mode::kTF32 ? tf32_round(__uint_as_float(raw)) : raw;
+}
+
+// Items [k0, k0 + kPerSlice) of this thread, loaded into registers: the loads are issued here and stored later, so
+// their latency overlaps whatever runs in between. One register per item: float32 keeps the raw bits (converted
+// at the store); a 16-bit pair is packed at the load, which waits for it, since two raw halves per item made
+// those instantiations spill.
+template <Mode M, int MT, int KS>
+struct HaloSlice {
+  uint32_t v[HaloItems<MT, KS>::kPerSlice];
+};
+
+template <Mode M, int MT, int KS>
+__device__ __forceinline__ void load_halo_slice(const Params& p, const TileOrigin& o, int k0, int k_end,
+                                                HaloSlice<M, MT, KS>& s) {
+#pragma unroll
+  for (int u = 0; u < HaloItems<MT, KS>::kPerSlice; ++u) {
+    uint32_t raw[kRawPerWord<M>] = {};
+    if (k0 + u < k_end) halo_item_raw<M, MT, KS>(p, o, k0 + u, raw);
+    s.v[u] = ModeTraits<M>::kHalf ? word_of_raw<M>(raw) : raw[0];
+  }
+}
+
+// Stores a slice's words; returns (strict float32 only) whether a word may not take tf32_split_finite.
+template <Mode M, int MT, int KS>
+__device__ __forceinline__ bool store_halo_slice(const Params& p, uint32_t* __restrict__ sA, int k0, int k_end,
+                                                 const HaloSlice<M, MT, KS>& s) {
+  using TS = TileShape<MT>;
+  bool unsafe = false;
+#pragma unroll
+  for (int u = 0; u < HaloItems<MT, KS>::kPerSlice; ++u) {
+    int kl, hd, hh, hw;
+    if (k0 + u < k_end && halo_place<MT, KS>(p, k0 + u, kl, hd, hh, hw)) {
+      uint32_t word = s.v[u];
+      if constexpr (!ModeTraits<M>::kHalf) word = word_of_raw<M>(s.v[u]);
+      if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
+      // Volatile, like the loads, so that it stays after the phase's math (it waits for its load).
+      const uint32_t* at = sA + kl * TS::kPitch + (hd * TS::kHH + hh) * TS::kHW + hw;
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(at))), "r"(word)
+                   : "memory");
+    }
+  }
+  return unsafe;
 }
 
 // A scalar value of the I/O tensor as the tensor cores would see it (TF32-rounded for kTF32).
