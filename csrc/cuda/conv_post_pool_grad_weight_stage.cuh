@@ -43,18 +43,23 @@ __device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
   return v;
 }
 
-// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it so), and the element ->
-// thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus compile-time steps:
-//   grad_conv/offsets: tile position tp = tid % 128, output-channel columns c0 + 2u (c0 = tid / 128, u < 16);
-//   float32 input halo: halo position tid (< 255), input channels u < 16;
-//   16-bit input halo: halo row tid / 8 % 16 (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8),
-//   plus the last halo column (w = 16) of (channel, row) = (tid / 15, tid % 15) for tid < 240.
+// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it
+// so), and the element -> thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus
+// compile-time steps. grad_conv/offsets: element u (< 16) of thread (warp wid, lane) is tile row u >> 3 (d),
+// (u >> 1) & 3 (h), and
+//   float32: w = (u & 1) * 8 + lane % 8, channel ((wid >> 2) * 2 + lane / 16) * 8 + (wid & 3) * 2 + lane / 8 % 2;
+//   16-bit:  w = lane % 16, channel (wid >> 2) * 16 + (u & 1) * 8 + (wid & 3) * 2 + lane / 16;
+// so that a warp's 32 scattered stores of one u hit 32 distinct banks (16 words, two halves each, for 16-bit).
+// float32 input halo: halo position tid (< 255), input channels u < 16; 16-bit input halo: halo row tid / 8 % 16
+// (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8), plus the last halo column (w = 16) of
+// (channel, row) = (tid / 15, tid % 15) for tid < 240.
 constexpr int kGradPer = kPos * kBN / kThreads;  // 16
+static_assert(kGradPer == 16 && kThreads == 256, "the element mapping above");
 template <Mode M>
 struct TileRegs {
   static constexpr int kX = ModeTraits<M>::kHalf ? 17 : 16;
   uint32_t g[kGradPer];    // grad_conv bits
-  uint32_t off[kGradPer];  // offsets; 8 (no phase: a zero one-hot) outside the tensor
+  uint32_t off[kGradPer];  // offsets; 8 (no phase) outside the tensor
   uint32_t x[kX];          // input bits (16-bit: 8 pairs as 16 halves, then the last column)
 };
 
@@ -64,16 +69,21 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
   constexpr bool kHalf = ModeTraits<M>::kHalf;
   const int tid = threadIdx.x;
   {
-    const int tp = tid % kPos, c0 = tid / kPos;
-    const int qd = o.qd0 + tp / (kTH * kTW), qh = o.qh0 + (tp / kTW) % kTH, qw = o.qw0 + tp % kTW;
-    const bool pos_ok = qd < p.PD && qh < p.PH && qw < p.PW;
-    const int64_t at = ((static_cast<int64_t>(o.n) * p.Cout + co0 + c0) * p.PD + qd) * p.PH * p.PW +
-                       static_cast<int64_t>(qh) * p.PW + qw;
-    const int64_t step = 2 * static_cast<int64_t>(p.PD) * p.PH * p.PW;
+    const int lane = tid & 31, wid = tid >> 5;
+    const int kp = kHalf ? (lane & 15) : (lane & 7);
+    const int co = kHalf ? (wid >> 2) * 16 + (wid & 3) * 2 + (lane >> 4)
+                         : ((wid >> 2) * 2 + (lane >> 4)) * 8 + (wid & 3) * 2 + ((lane >> 3) & 1);
+    const int64_t phw = static_cast<int64_t>(p.PH) * p.PW;
+    const int64_t plane = phw * p.PD;
+    const int64_t at = (static_cast<int64_t>(o.n) * p.Cout + co0 + co) * plane + o.qd0 * phw +
+                       static_cast<int64_t>(o.qh0) * p.PW + o.qw0 + kp;
 #pragma unroll
     for (int u = 0; u < kGradPer; ++u) {
-      const bool ok = pos_ok && co0 + c0 + 2 * u < p.Cout;
-      const int64_t e = at + u * step;
+      const int d = u >> 3, h = (u >> 1) & 3;
+      const int w = kHalf ? kp : (u & 1) * 8 + kp;
+      const int c = kHalf ? co + (u & 1) * 8 : co;
+      const bool ok = o.qd0 + d < p.PD && o.qh0 + h < p.PH && o.qw0 + w < p.PW && co0 + c < p.Cout;
+      const int64_t e = at + d * phw + static_cast<int64_t>(h) * p.PW + (kHalf ? (u & 1) * 8 * plane : (u & 1) * 8);
       if constexpr (kHalf) {
         r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
       } else {
@@ -118,29 +128,49 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
   }
 }
 
-// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as A
-// words (float32 operands TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards
-// from the stored pairs (build_shifted_pairs), after a barrier.
+// Stores a loaded tile: each grad_conv element into the B copy of its phase (offset; an element with no phase is a
+// zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took in the previous tile
+// (`prev`, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
+// TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the stored pairs
+// (build_shifted_pairs), after a barrier.
 template <Mode M>
-__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t* __restrict__ sG, uint8_t* __restrict__ sOH,
-                                           uint32_t* __restrict__ sX, uint16_t* __restrict__ sLast) {
+__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev)[kGradPer],
+                                           uint32_t* __restrict__ sB, uint32_t* __restrict__ sX,
+                                           uint16_t* __restrict__ sLast) {
   using S = Smem<M>;
   const int tid = threadIdx.x;
   {
-    const int tp = tid % kPos, c0 = tid / kPos;
-    const int kp = tp % (8 * S::kPosPerWord), sstep = tp / (8 * S::kPosPerWord);
-    const int kw = kp / S::kPosPerWord, hs = kp % S::kPosPerWord, t = kw & 3, hi = kw >> 2;
-    const int wbase = sstep * 256 + c0 * 16 + t * 4 + hi;
-    const int hbase = S::kHalf ? sstep * 512 + c0 * 64 + t * 16 + hi * 2 + hs : sstep * 256 + c0 * 32 + t * 8 + hi;
+    const int lane = tid & 31, wid = tid >> 5;
+    if constexpr (S::kHalf) {
+      // half index 2 * word + (position parity) of word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 +
+      // (nt & 1) * 2 + hi, k-word kw = t + 4 hi = lane / 2 % 8, g = (wid & 3) * 2 + lane / 16, nt = (wid >> 2) * 2 +
+      // (u & 1), k-step u >> 1
+      uint16_t* sB16 = reinterpret_cast<uint16_t*>(sB);
+      constexpr int kPhaseHalves = 2 * S::kPhaseWords;
+      const int kw = (lane >> 1) & 7, g = (wid & 3) * 2 + (lane >> 4);
+      const int slot = ((wid >> 2) * 128 + (g * 4 + (kw & 3)) * 4 + (kw >> 2)) * 2 + (lane & 1);
 #pragma unroll
-    for (int u = 0; u < kGradPer; ++u) {
-      const int word = wbase + (u >> 3) * 128 + (u & 3) * 32 + ((u >> 2) & 1) * 2;
-      if constexpr (S::kHalf) {
-        reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
-        sOH[hbase + (u & 3) * 128 + (u >> 2) * 4] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
-      } else {
-        sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
-        sOH[hbase + (u & 3) * 64 + (u >> 2) * 2] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      for (int u = 0; u < kGradPer; ++u) {
+        const int i = slot + (u >> 1) * 512 + (u & 1) * 4;
+        const uint32_t ph = r.off[u] & 7u;
+        sB16[prev[u] * kPhaseHalves + i] = 0;
+        sB16[ph * kPhaseHalves + i] = static_cast<uint16_t>(r.off[u] < 8u ? r.g[u] : 0u);
+        prev[u] = ph;
+      }
+    } else {
+      // word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 + (nt & 1) * 2 + hi with k = t + 4 hi = lane % 8,
+      // g = (wid & 3) * 2 + lane / 8 % 2, nt = (wid >> 2) * 2 + lane / 16, k-step u
+      const int kp = lane & 7;
+      const int slot = (wid >> 2) * 128 + (((wid & 3) * 2 + ((lane >> 3) & 1)) * 4 + (kp & 3)) * 4 +
+                       (lane >> 4) * 2 + (kp >> 2);
+#pragma unroll
+      for (int u = 0; u < kGradPer; ++u) {
+        const int i = slot + u * 256;
+        const uint32_t ph = r.off[u] & 7u;
+        const uint32_t v = r.off[u] < 8u ? r.g[u] : 0u;
+        sB[prev[u] * S::kPhaseWords + i] = 0u;
+        sB[ph * S::kPhaseWords + i] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(v)) : v;
+        prev[u] = ph;
       }
     }
   }
