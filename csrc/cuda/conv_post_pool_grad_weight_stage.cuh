@@ -15,13 +15,27 @@ struct TileOrigin {
 };
 __device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int64_t tile) {
   TileOrigin o;
-  int64_t rem = tile;
-  o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
-  rem /= p.tiles_w;
-  o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
-  rem /= p.tiles_h;
-  o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
-  o.n = static_cast<int>(rem / p.tiles_d);
+  if (p.n_tiles <= INT32_MAX) {  // 32-bit divisions (64-bit ones are a call each)
+    uint32_t rem = static_cast<uint32_t>(tile);
+    const uint32_t tw = p.tiles_w, th = p.tiles_h, td = p.tiles_d;
+    uint32_t q = rem / tw;
+    o.qw0 = static_cast<int>(rem - q * tw) * kTW;
+    rem = q;
+    q = rem / th;
+    o.qh0 = static_cast<int>(rem - q * th) * kTH;
+    rem = q;
+    q = rem / td;
+    o.qd0 = static_cast<int>(rem - q * td) * kTD;
+    o.n = static_cast<int>(q);
+  } else {
+    int64_t rem = tile;
+    o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
+    rem /= p.tiles_w;
+    o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
+    rem /= p.tiles_h;
+    o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
+    o.n = static_cast<int>(rem / p.tiles_d);
+  }
   return o;
 }
 
@@ -77,19 +91,33 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
     const int64_t plane = phw * p.PD;
     const int64_t at = (static_cast<int64_t>(o.n) * p.Cout + co0 + co) * plane + o.qd0 * phw +
                        static_cast<int64_t>(o.qh0) * p.PW + o.qw0 + kp;
+    // Element u = 2 * row + j: tile row (d, h) = (row / kTH, row % kTH); j picks w + 8 (float32) or channel + 8
+    // (16-bit). Validity per row and per j, combined per element.
+    bool j_ok[2];
 #pragma unroll
-    for (int u = 0; u < kGradPer; ++u) {
-      const int d = u >> 3, h = (u >> 1) & 3;
-      const int w = kHalf ? kp : (u & 1) * 8 + kp;
-      const int c = kHalf ? co + (u & 1) * 8 : co;
-      const bool ok = o.qd0 + d < p.PD && o.qh0 + h < p.PH && o.qw0 + w < p.PW && co0 + c < p.Cout;
-      const int64_t e = at + d * phw + static_cast<int64_t>(h) * p.PW + (kHalf ? (u & 1) * 8 * plane : (u & 1) * 8);
-      if constexpr (kHalf) {
-        r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
-      } else {
-        r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+    for (int j = 0; j < 2; ++j) {
+      j_ok[j] = kHalf ? o.qw0 + kp < p.PW && co0 + co + 8 * j < p.Cout
+                      : o.qw0 + 8 * j + kp < p.PW && co0 + co < p.Cout;
+    }
+    const int64_t jstep = kHalf ? 8 * plane : 8;
+    static_assert(kGradPer == 2 * kTD * kTH, "two elements per tile row");
+#pragma unroll
+    for (int row = 0; row < kTD * kTH; ++row) {
+      const int d = row / kTH, h = row % kTH;
+      const bool row_ok = o.qd0 + d < p.PD && o.qh0 + h < p.PH;
+      const int64_t e0 = at + d * phw + static_cast<int64_t>(h) * p.PW;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int u = 2 * row + j;
+        const bool ok = row_ok && j_ok[j];
+        const int64_t e = e0 + j * jstep;
+        if constexpr (kHalf) {
+          r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
+        } else {
+          r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+        }
+        r.off[u] = ok ? ld_u8(p.off + e) : 8u;
       }
-      r.off[u] = ok ? ld_u8(p.off + e) : 8u;
     }
   }
   const int64_t plane = static_cast<int64_t>(p.D) * p.H * p.W;
@@ -97,10 +125,13 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
     const int hd = tid / (kHH * kHW), hh = (tid / kHW) % kHH, hw = tid % kHW;
     const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
     const bool pos_ok = tid < kHaloRows * kHW && d < p.D && h < p.H && w < p.W;
-    const int64_t at = (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+    const int nci = p.Cin - ci0;
+    const float* xp = static_cast<const float*>(p.x) + (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane +
+                      (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
     for (int u = 0; u < 16; ++u) {
-      r.x[u] = pos_ok && ci0 + u < p.Cin ? ld_u32(static_cast<const float*>(p.x) + at + u * plane) : 0u;
+      r.x[u] = pos_ok && u < nci ? ld_u32(xp) : 0u;
+      xp += plane;
     }
   } else {
     const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
@@ -108,13 +139,15 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
       const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
       const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
       const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
-      const int64_t at =
-          (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+      const int nci = p.Cin - ci0 - c0;
+      const bool w0_ok = row_ok && w < p.W, w1_ok = row_ok && w + 1 < p.W;
+      const uint16_t* xp = x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane +
+                           (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const bool ok = row_ok && ci0 + c0 + 2 * u < p.Cin;
-        r.x[2 * u] = ok && w < p.W ? ld_u16(x16 + at + 2 * u * plane) : 0u;
-        r.x[2 * u + 1] = ok && w + 1 < p.W ? ld_u16(x16 + at + 2 * u * plane + 1) : 0u;
+        r.x[2 * u] = w0_ok && 2 * u < nci ? ld_u16(xp) : 0u;
+        r.x[2 * u + 1] = w1_ok && 2 * u < nci ? ld_u16(xp + 1) : 0u;
+        xp += 2 * plane;
       }
     }
     {
@@ -130,7 +163,7 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
 
 // Stores a loaded tile: each grad_conv element into the B copy of its phase (offset; an element with no phase is a
 // zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took in the previous tile
-// (`prev`, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
+// (`prev`: that copy's byte offset, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
 // TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the stored pairs
 // (build_shifted_pairs), after a barrier.
 template <Mode M>
@@ -141,20 +174,22 @@ __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev
   const int tid = threadIdx.x;
   {
     const int lane = tid & 31, wid = tid >> 5;
+    // `prev` and the phase offsets are byte offsets of a phase's copy (kPhaseWords * 4 = 1 << kPhaseShift).
+    constexpr int kPhaseShift = S::kHalf ? 13 : 14;
+    static_assert(S::kPhaseWords * 4 == 1 << kPhaseShift, "phase copies of 2^kPhaseShift bytes");
     if constexpr (S::kHalf) {
       // half index 2 * word + (position parity) of word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 +
       // (nt & 1) * 2 + hi, k-word kw = t + 4 hi = lane / 2 % 8, g = (wid & 3) * 2 + lane / 16, nt = (wid >> 2) * 2 +
       // (u & 1), k-step u >> 1
-      uint16_t* sB16 = reinterpret_cast<uint16_t*>(sB);
-      constexpr int kPhaseHalves = 2 * S::kPhaseWords;
       const int kw = (lane >> 1) & 7, g = (wid & 3) * 2 + (lane >> 4);
       const int slot = ((wid >> 2) * 128 + (g * 4 + (kw & 3)) * 4 + (kw >> 2)) * 2 + (lane & 1);
+      char* sb = reinterpret_cast<char*>(sB) + 2 * slot;
 #pragma unroll
       for (int u = 0; u < kGradPer; ++u) {
-        const int i = slot + (u >> 1) * 512 + (u & 1) * 4;
-        const uint32_t ph = r.off[u] & 7u;
-        sB16[prev[u] * kPhaseHalves + i] = 0;
-        sB16[ph * kPhaseHalves + i] = static_cast<uint16_t>(r.off[u] < 8u ? r.g[u] : 0u);
+        const int at = 2 * ((u >> 1) * 512 + (u & 1) * 4);
+        const uint32_t ph = (r.off[u] & 7u) << kPhaseShift;
+        *reinterpret_cast<uint16_t*>(sb + prev[u] + at) = 0;
+        *reinterpret_cast<uint16_t*>(sb + ph + at) = static_cast<uint16_t>(r.off[u] < 8u ? r.g[u] : 0u);
         prev[u] = ph;
       }
     } else {
@@ -163,13 +198,15 @@ __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev
       const int kp = lane & 7;
       const int slot = (wid >> 2) * 128 + (((wid & 3) * 2 + ((lane >> 3) & 1)) * 4 + (kp & 3)) * 4 +
                        (lane >> 4) * 2 + (kp >> 2);
+      char* sb = reinterpret_cast<char*>(sB) + 4 * slot;
 #pragma unroll
       for (int u = 0; u < kGradPer; ++u) {
-        const int i = slot + u * 256;
-        const uint32_t ph = r.off[u] & 7u;
+        const int at = 4 * (u * 256);
+        const uint32_t ph = (r.off[u] & 7u) << kPhaseShift;
         const uint32_t v = r.off[u] < 8u ? r.g[u] : 0u;
-        sB[prev[u] * S::kPhaseWords + i] = 0u;
-        sB[ph * S::kPhaseWords + i] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(v)) : v;
+        *reinterpret_cast<uint32_t*>(sb + prev[u] + at) = 0u;
+        *reinterpret_cast<uint32_t*>(sb + ph + at) =
+            M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(v)) : v;
         prev[u] = ph;
       }
     }
