@@ -48,10 +48,9 @@ void launch(WeightGradParams& p, int ci_tiles, int co_tiles, const at::Tensor& g
   TORCH_CHECK(ci_tiles <= 65535 && co_tiles <= 65535,
               "conv_transpose3d_post_pool backward: too many channels for one launch");
   const int64_t resident = static_cast<int64_t>(blocks_per_sm<M>()) * sms;
-  // At least kMinTilesPerBlock tiles per block: each block's partial (27 x kBM x kBN floats) is as large as 2.6
-  // float32 tiles of its inputs, so small problems would otherwise spend more memory on partials than on the
-  // gradient itself.
-  constexpr int64_t kMinTilesPerBlock = 4;
+  // At least kMinTilesPerBlock tiles per block: each block's partial is as large as 1.5 tiles of its inputs, so
+  // small problems would otherwise spend more memory on partials than on the gradient itself.
+  constexpr int64_t kMinTilesPerBlock = 2;
   int64_t bx = std::min<int64_t>(ceil_div(resident, channel_tiles), ceil_div(p.n_tiles, kMinTilesPerBlock));
   bx = std::max<int64_t>(bx, 1);
   const int64_t per_block = channel_tiles * 27 * kBM * kBN;

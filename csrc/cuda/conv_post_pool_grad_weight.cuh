@@ -6,7 +6,7 @@
 //   grad_weight[ci, co, tap] = sum_q x[q + delta(tap), ci] * G_p(tap)[q, co],  G_p[q, co] = grad_conv[q, co] if
 //   offset[q, co] == p else 0,
 // a GEMM per tap with M = 16 input channels, N = 32 output channels and K = the pooled positions. A block stages a
-// tile of 1 x 4 x 16 pooled positions and the input halo (2 x 5 x 17 positions), double-buffered. grad_conv is scattered into eight
+// tile of 2 x 4 x 16 pooled positions and the input halo (3 x 5 x 17 positions). grad_conv is scattered into eight
 // B copies in fragment order, one per phase, each element into its own phase's copy (the others hold zero there):
 // G_p is then read with plain loads, and no warp builds a mask. Each of 8 warps owns up to 4 taps of one phase
 // (one warp: of two), so one B fragment serves several taps.
@@ -120,25 +120,23 @@ __device__ __forceinline__ void store_partial(const float (&acc)[kMaxTaps][kNT][
   }
 }
 
-// One block per multiprocessor (the two buffers' phase copies of B take most of shared memory).
+// One block per multiprocessor (the phase copies of B take most of shared memory).
 template <Mode M>
 __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGradParams p) {
   using S = Smem<M>;
   extern __shared__ __align__(16) uint32_t smem[];
+  uint32_t* sB = smem;
+  uint32_t* sX = smem + S::kBWords;
+  uint16_t* sLast = reinterpret_cast<uint16_t*>(sX + S::kXWords);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ci0 = blockIdx.y * kBM, co0 = blockIdx.z * kBN;
 
   // Every phase copy starts zero; staging then keeps all but each element's own phase zero.
-#pragma unroll
-  for (int b = 0; b < 2; ++b) {
-    uint4* sb = reinterpret_cast<uint4*>(smem + b * S::kBufWords);
-    for (int i = tid; i < S::kBWords / 4; i += kThreads) sb[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
+  for (int i = tid; i < S::kBWords / 4; i += kThreads) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
 
-  // This lane's fragment addresses in buffer 0 (buffer 1 is kBufWords further).
   const WarpTaps wt = warp_taps(warp);
-  const uint32_t* pb0 = smem + wt.phase0 * S::kPhaseWords + lane * 4;
-  const uint32_t* pb1 = smem + wt.phase1 * S::kPhaseWords + lane * 4;
+  const uint32_t* pb0 = sB + wt.phase0 * S::kPhaseWords + lane * 4;
+  const uint32_t* pb1 = sB + wt.phase1 * S::kPhaseWords + lane * 4;
   const uint32_t* pa[kMaxTaps];
   {
     const int g = lane >> 2, t = lane & 3;
@@ -146,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
     for (int k = 0; k < kMaxTaps; ++k) {
       const int dl = static_cast<int>((wt.deltas >> (4 * k)) & 7u), dd = dl >> 2, dh = (dl >> 1) & 1, dw = dl & 1;
       const int off = S::kHalf ? (dw * kBM) * S::kXPitch + (dd * kHH + dh) * (kTW / 2) : (dd * kHH + dh) * kHW + dw;
-      pa[k] = smem + S::kBWords + g * S::kXPitch + t + off;
+      pa[k] = sX + g * S::kXPitch + t + off;
     }
   }
 
@@ -158,57 +156,27 @@ __global__ void __launch_bounds__(kThreads, 1) grad_weight_kernel(const WeightGr
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][nt][j] = 0.f;
 
-  // Software pipeline: a tile is loaded into registers two steps before it is computed, stored one step before.
-  // prev0 / prev1: the slots' phase copies in the buffer stored last / the other buffer.
+  // Software pipeline: the next tile's global loads are in flight while this tile is computed.
   TileRegs<M> regs;
-  uint32_t prev0[kGradPer], prev1[kGradPer];
+  uint32_t prev[kGradPer];
 #pragma unroll
-  for (int u = 0; u < kGradPer; ++u) prev0[u] = prev1[u] = 0u;  // clearing a zero slot of copy 0 is harmless
-  int64_t tile = blockIdx.x;
-  if (tile < p.n_tiles) load_tile<M>(p, tile_origin(p, tile), ci0, co0, regs);
-  __syncthreads();  // the copies' zeroing
-  if (tile < p.n_tiles) {
-    store_tile<M>(regs, prev0, smem, smem + S::kBWords);
-    if (tile + gridDim.x < p.n_tiles) load_tile<M>(p, tile_origin(p, tile + gridDim.x), ci0, co0, regs);
-  }
-  __syncthreads();
-  // Per tile: compute the tile in buffer `cur` and, when there is a next tile, store it (loaded into `regs` one step
-  // earlier) into the other buffer and load the one after it. Warps 0-3 stage first and warps 4-7 compute first, so
-  // that the two warps of each scheduler (warp % 4) overlap staging with mma. One copy of each part's code (the
-  // parts run in a loop): more would not fit the instruction cache.
-  const bool stage_first = warp < 4;
-  int cur = 0;
-  while (tile < p.n_tiles) {
+  for (int u = 0; u < kGradPer; ++u) prev[u] = 0u;  // clearing a zero slot of copy 0 is harmless
+  if (blockIdx.x < p.n_tiles) load_tile<M>(p, tile_origin(p, blockIdx.x), ci0, co0, regs);
+  for (int64_t tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+    __syncthreads();  // the previous tile's reads of shared memory are done (and the copies' first zeroing)
+    store_tile<M>(regs, prev, sB, sX, sLast);
+    __syncthreads();
+    if constexpr (S::kHalf) {
+      build_shifted_pairs<M>(sX, sLast);
+      __syncthreads();
+    }
     const int64_t next = tile + gridDim.x;
-    const int cur_off = cur * S::kBufWords, next_off = (1 - cur) * S::kBufWords;
-#pragma unroll 1
-    for (int part = 0; part < 2; ++part) {
-      if ((part == 0) == stage_first) {
-        if (next < p.n_tiles) {
-          store_tile<M>(regs, prev1, smem + next_off, smem + next_off + S::kBWords);
-          if (next + gridDim.x < p.n_tiles) load_tile<M>(p, tile_origin(p, next + gridDim.x), ci0, co0, regs);
-        }
-      } else {
-        const uint32_t* qa[kMaxTaps];
-#pragma unroll
-        for (int k = 0; k < kMaxTaps; ++k) qa[k] = pa[k] + cur_off;
-        switch (wt.ntap) {  // the shapes taps_covered admits
-          case 4: warp_tile<M, 4, 4>(acc, pb0 + cur_off, pb1 + cur_off, qa); break;
-          case 3: warp_tile<M, 3, 2>(acc, pb0 + cur_off, pb1 + cur_off, qa); break;
-          default: warp_tile<M, 2, 2>(acc, pb0 + cur_off, pb1 + cur_off, qa); break;
-        }
-      }
+    if (next < p.n_tiles) load_tile<M>(p, tile_origin(p, next), ci0, co0, regs);
+    switch (wt.ntap) {  // the shapes taps_covered admits
+      case 4: warp_tile<M, 4, 4>(acc, pb0, pb1, pa); break;
+      case 3: warp_tile<M, 3, 2>(acc, pb0, pb1, pa); break;
+      default: warp_tile<M, 2, 2>(acc, pb0, pb1, pa); break;
     }
-    __syncthreads();  // the tile in `cur` is no longer read; the next one is stored
-    // prev0 again belongs to the buffer stored last (the next `cur`), prev1 to the next one to store into
-#pragma unroll
-    for (int u = 0; u < kGradPer; ++u) {
-      const uint32_t t = prev0[u];
-      prev0[u] = prev1[u];
-      prev1[u] = t;
-    }
-    cur ^= 1;
-    tile = next;
   }
 
   const int64_t part_index =

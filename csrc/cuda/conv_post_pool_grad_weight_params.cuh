@@ -16,7 +16,7 @@ using conv_pool::ModeTraits;
 
 constexpr int kThreads = 256;  // 8 warps: each stages part of every tile and computes its taps (warp_taps)
 constexpr int kComputeWarps = kThreads / 32;
-constexpr int kTD = 1, kTH = 4, kTW = 16;  // pooled positions per K tile
+constexpr int kTD = 2, kTH = 4, kTW = 16;  // pooled positions per K tile
 constexpr int kPos = kTD * kTH * kTW;
 constexpr int kHD = kTD + 1, kHH = kTH + 1, kHW = kTW + 1;  // input halo: q and q + 1 per dim
 constexpr int kHaloRows = kHD * kHH;
@@ -35,8 +35,7 @@ struct WeightGradParams {
   int tiles_d, tiles_h, tiles_w;
 };
 
-// Shared-memory layout of one K tile, in 32-bit words; the kernel keeps two (kBufWords apart): one is computed while
-// the next tile is stored into the other.
+// Shared-memory layout of one K tile, in 32-bit words.
 template <Mode M>
 struct Smem {
   static constexpr bool kHalf = ModeTraits<M>::kHalf;
@@ -50,16 +49,13 @@ struct Smem {
   // A (the input halo): float32: [ci][halo position], the pitch = 4 (mod 32) so a fragment's 8 rows x 4 k-words hit
   // 32 banks; 16-bit: two copies [w parity shift][ci][halo row][8 position pairs], pairs (2j, 2j + 1) and (2j + 1,
   // 2j + 2), since a k-word of the mma holds two consecutive positions and tap delta_w = 1 starts at an odd one.
-  static constexpr int kXPitch = kHalf ? 100 : 196;
-  static_assert(kXPitch % 32 == 4, "a fragment's rows start 4 banks apart");
+  static constexpr int kXPitch = kHalf ? 132 : 260;
   static_assert(kHalf ? kXPitch >= kHaloRows * 8 : kXPitch >= kHaloRows * kHW, "halo must fit its pitch");
   static constexpr int kXWords = (kHalf ? 2 : 1) * kBM * kXPitch;
-  static constexpr int kBufWords = kBWords + kXWords;
-  static_assert(kBufWords % 4 == 0, "16-byte aligned buffers");
-  static constexpr size_t kBytes = static_cast<size_t>(2 * kBufWords) * 4;
-  // byte size of a phase copy, 1 << kPhaseShift
-  static constexpr int kPhaseShift = kHalf ? 12 : 13;
-  static_assert(kPhaseWords * 4 == 1 << kPhaseShift, "phase copies of 2^kPhaseShift bytes");
+  // 16-bit: the halo's last column (w = 16) of every (channel, row), for the shift-1 pairs.
+  static constexpr int kLastWords = kHalf ? kBM * kHaloRows / 2 : 0;
+  static constexpr int kWords = kBWords + kXWords + kLastWords;
+  static constexpr size_t kBytes = static_cast<size_t>(kWords) * 4;
 };
 
 // The taps of each compute warp: up to four, as input deltas (bits dd << 2 | dh << 1 | dw), slot k in nibble k;

@@ -59,22 +59,22 @@ __device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
 
 // Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it
 // so), and the element -> thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus
-// compile-time steps. grad_conv/offsets: element u (< 8) of thread (warp wid, lane) is tile row u >> 1 ((d, h) =
-// (row / kTH, row % kTH)), and
+// compile-time steps. grad_conv/offsets: element u (< 16) of thread (warp wid, lane) is tile row u >> 3 (d),
+// (u >> 1) & 3 (h), and
 //   float32: w = (u & 1) * 8 + lane % 8, channel ((wid >> 2) * 2 + lane / 16) * 8 + (wid & 3) * 2 + lane / 8 % 2;
 //   16-bit:  w = lane % 16, channel (wid >> 2) * 16 + (u & 1) * 8 + (wid & 3) * 2 + lane / 16;
 // so that a warp's 32 scattered stores of one u hit 32 distinct banks (16 words, two halves each, for 16-bit).
-// float32 input halo: halo position tid (< 170), input channels u < 16; 16-bit input halo: halo row tid / 8 % 16
-// (< 10) and positions 2j, 2j + 1, 2j + 2 (j = tid % 8) of channels tid / 128 + 2u (u < 8), for both pair copies.
-constexpr int kGradPer = kPos * kBN / kThreads;  // 8
-static_assert(kGradPer == 8 && kThreads == 256 && kTD * kTH * 2 == kGradPer, "the element mapping above");
-static_assert(kHaloRows * kHW <= kThreads && kHaloRows <= 16, "the halo mappings above");
+// float32 input halo: halo position tid (< 255), input channels u < 16; 16-bit input halo: halo row tid / 8 % 16
+// (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8), plus the last halo column (w = 16) of
+// (channel, row) = (tid / 15, tid % 15) for tid < 240.
+constexpr int kGradPer = kPos * kBN / kThreads;  // 16
+static_assert(kGradPer == 16 && kThreads == 256, "the element mapping above");
 template <Mode M>
 struct TileRegs {
-  static constexpr int kX = ModeTraits<M>::kHalf ? 24 : 16;
+  static constexpr int kX = ModeTraits<M>::kHalf ? 17 : 16;
   uint32_t g[kGradPer];    // grad_conv bits
   uint32_t off[kGradPer];  // offsets; 8 (no phase) outside the tensor
-  uint32_t x[kX];          // input bits (16-bit: positions 2j, 2j + 1, 2j + 2 of 8 channels)
+  uint32_t x[kX];          // input bits (16-bit: 8 pairs as 16 halves, then the last column)
 };
 
 template <Mode M>
@@ -135,37 +135,48 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
     }
   } else {
     const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
-    const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
-    const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
-    const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
-    const int nci = p.Cin - ci0 - c0;
-    const bool w0_ok = row_ok && w < p.W, w1_ok = row_ok && w + 1 < p.W, w2_ok = row_ok && w + 2 < p.W;
-    const uint16_t* xp = x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane +
-                         (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+    {
+      const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
+      const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
+      const int nci = p.Cin - ci0 - c0;
+      const bool w0_ok = row_ok && w < p.W, w1_ok = row_ok && w + 1 < p.W;
+      const uint16_t* xp = x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane +
+                           (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      r.x[3 * u] = w0_ok && 2 * u < nci ? ld_u16(xp) : 0u;
-      r.x[3 * u + 1] = w1_ok && 2 * u < nci ? ld_u16(xp + 1) : 0u;
-      r.x[3 * u + 2] = w2_ok && 2 * u < nci ? ld_u16(xp + 2) : 0u;
-      xp += 2 * plane;
+      for (int u = 0; u < 8; ++u) {
+        r.x[2 * u] = w0_ok && 2 * u < nci ? ld_u16(xp) : 0u;
+        r.x[2 * u + 1] = w1_ok && 2 * u < nci ? ld_u16(xp + 1) : 0u;
+        xp += 2 * plane;
+      }
+    }
+    {
+      const int ci = tid / kHaloRows, row = tid % kHaloRows;
+      const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + kTW;
+      const bool ok = tid < kBM * kHaloRows && ci0 + ci < p.Cin && d < p.D && h < p.H && w < p.W;
+      r.x[16] = ok ? ld_u16(x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + ci) * plane +
+                            (static_cast<int64_t>(d) * p.H + h) * p.W + w)
+                   : 0u;
     }
   }
 }
 
-// Stores a loaded tile into one of the two buffers: each grad_conv element into the B copy of its phase (offset; an
-// element with no phase is a zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took
-// in the buffer's previous tile (`prev`: that copy's byte offset, per buffer, updated; the same thread owns the slot
-// in every tile). The input halo as A words (float32 operands TF32-rounded for the TF32 mode; 16-bit: both pair
-// copies).
+// Stores a loaded tile: each grad_conv element into the B copy of its phase (offset; an element with no phase is a
+// zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took in the previous tile
+// (`prev`: that copy's byte offset, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
+// TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the stored pairs
+// (build_shifted_pairs), after a barrier.
 template <Mode M>
 __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev)[kGradPer],
-                                           uint32_t* __restrict__ sB, uint32_t* __restrict__ sX) {
+                                           uint32_t* __restrict__ sB, uint32_t* __restrict__ sX,
+                                           uint16_t* __restrict__ sLast) {
   using S = Smem<M>;
   const int tid = threadIdx.x;
   {
     const int lane = tid & 31, wid = tid >> 5;
     // `prev` and the phase offsets are byte offsets of a phase's copy (kPhaseWords * 4 = 1 << kPhaseShift).
-    constexpr int kPhaseShift = S::kPhaseShift;
+    constexpr int kPhaseShift = S::kHalf ? 13 : 14;
+    static_assert(S::kPhaseWords * 4 == 1 << kPhaseShift, "phase copies of 2^kPhaseShift bytes");
     if constexpr (S::kHalf) {
       // half index 2 * word + (position parity) of word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 +
       // (nt & 1) * 2 + hi, k-word kw = t + 4 hi = lane / 2 % 8, g = (wid & 3) * 2 + lane / 16, nt = (wid >> 2) * 2 +
@@ -212,11 +223,24 @@ __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev
     if (row < kHaloRows) {
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const int at = (c0 + 2 * u) * S::kXPitch + row * (kTW / 2) + j;
-        sX[at] = r.x[3 * u] | (r.x[3 * u + 1] << 16);
-        sX[kBM * S::kXPitch + at] = r.x[3 * u + 1] | (r.x[3 * u + 2] << 16);
+        sX[(c0 + 2 * u) * S::kXPitch + row * (kTW / 2) + j] = r.x[2 * u] | (r.x[2 * u + 1] << 16);
       }
     }
+    if (tid < kBM * kHaloRows) sLast[tid] = static_cast<uint16_t>(r.x[16]);
+  }
+}
+
+// 16-bit halo: the shift-1 copy, pairs (x[2j + 1], x[2j + 2]), from the stored shift-0 pairs and the last column.
+template <Mode M>
+__device__ __forceinline__ void build_shifted_pairs(uint32_t* __restrict__ sX, const uint16_t* __restrict__ sLast) {
+  using S = Smem<M>;
+  constexpr int kPairs = kTW / 2;
+  constexpr int kTotal = kBM * kHaloRows * kPairs;
+  for (int i = threadIdx.x; i < kTotal; i += kThreads) {
+    const int j = i % kPairs, row = (i / kPairs) % kHaloRows, ci = i / (kPairs * kHaloRows);
+    const uint32_t* src = sX + ci * S::kXPitch + row * kPairs;
+    const uint32_t next = j + 1 < kPairs ? src[j + 1] : static_cast<uint32_t>(sLast[ci * kHaloRows + row]);
+    sX[(kBM + ci) * S::kXPitch + row * kPairs + j] = __byte_perm(src[j], next, 0x5432);
   }
 }
 
