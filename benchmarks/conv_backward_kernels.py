@@ -10,7 +10,8 @@ small binding), checks them against eager float64 autograd and times them agains
 --time    device time per call at the KernelBench size (CUDA-graph replays, median of blocks), cuDNN's weight
           gradient on the full-resolution gradient beside it, and both weight gradients' relative L2 error against
           float64 at that size.
---profile one call of each precision (for ncu / compute-sanitizer to wrap).
+--profile one call of each precision (for ncu to wrap); with --small, of a small shape with channel tails and
+          edges in every precision instead (for compute-sanitizer's memcheck / racecheck, which are slow).
 """
 from __future__ import annotations
 
@@ -218,9 +219,12 @@ def time_all(ext, out):
     return rows
 
 
-def profile(ext):
-    c = dict(KB)
-    for dtype, tf32 in ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False)):
+def profile(ext, small=False):
+    c = dict(N=2, Cin=19, Cout=33, D=4, H=5, W=20, op=(1, 0, 1)) if small else dict(KB)
+    precisions = ((torch.float32, True), (torch.float32, False), (torch.bfloat16, False))
+    if small:
+        precisions += ((torch.float16, False),)
+    for dtype, tf32 in precisions:
         x, go, sel, off, m = make_case(c["N"], c["Cin"], c["Cout"], c["D"], c["H"], c["W"], c["op"], dtype)
         gc, gb, gm = ext.grad_conv(go, sel, off, m, 0.2, 0.2)
         ext.grad_weight(gc, off, x, c["Cout"], list(c["op"]), tf32)
@@ -232,6 +236,7 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     ext = build()
@@ -241,7 +246,7 @@ def main():
     if a.time:
         time_all(ext, a.out)
     if a.profile:
-        profile(ext)
+        profile(ext, a.small)
     return int(rc)
 
 

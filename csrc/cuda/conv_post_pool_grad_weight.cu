@@ -35,11 +35,15 @@ template <Mode M>
 void launch(WeightGradParams& p, int ci_tiles, int co_tiles, const at::Tensor& grad_weight, cudaStream_t stream) {
   using io_t = typename ModeTraits<M>::io_t;
   constexpr size_t smem = Smem<M>::kBytes;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(grad_weight_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, smem_optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK(static_cast<size_t>(smem_optin) >= smem,
+              "conv_transpose3d_post_pool backward: the fused weight-gradient kernel needs ", smem,
+              " bytes of shared memory per block; this GPU allows ", smem_optin);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(grad_weight_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
   const int64_t channel_tiles = static_cast<int64_t>(ci_tiles) * co_tiles;
   TORCH_CHECK(ci_tiles <= 65535 && co_tiles <= 65535,
               "conv_transpose3d_post_pool backward: too many channels for one launch");

@@ -15,13 +15,27 @@ struct TileOrigin {
 };
 __device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int64_t tile) {
   TileOrigin o;
-  int64_t rem = tile;
-  o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
-  rem /= p.tiles_w;
-  o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
-  rem /= p.tiles_h;
-  o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
-  o.n = static_cast<int>(rem / p.tiles_d);
+  if (p.n_tiles <= INT32_MAX) {  // 32-bit divisions (64-bit ones are a call each)
+    uint32_t rem = static_cast<uint32_t>(tile);
+    const uint32_t tw = p.tiles_w, th = p.tiles_h, td = p.tiles_d;
+    uint32_t q = rem / tw;
+    o.qw0 = static_cast<int>(rem - q * tw) * kTW;
+    rem = q;
+    q = rem / th;
+    o.qh0 = static_cast<int>(rem - q * th) * kTH;
+    rem = q;
+    q = rem / td;
+    o.qd0 = static_cast<int>(rem - q * td) * kTD;
+    o.n = static_cast<int>(q);
+  } else {
+    int64_t rem = tile;
+    o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
+    rem /= p.tiles_w;
+    o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
+    rem /= p.tiles_h;
+    o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
+    o.n = static_cast<int>(rem / p.tiles_d);
+  }
   return o;
 }
 
@@ -43,18 +57,23 @@ __device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
   return v;
 }
 
-// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it so), and the element ->
-// thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus compile-time steps:
-//   grad_conv/offsets: tile position tp = tid % 128, output-channel columns c0 + 2u (c0 = tid / 128, u < 16);
-//   float32 input halo: halo position tid (< 255), input channels u < 16;
-//   16-bit input halo: halo row tid / 8 % 16 (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8),
-//   plus the last halo column (w = 16) of (channel, row) = (tid / 15, tid % 15) for tid < 240.
+// Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it
+// so), and the element -> thread mapping is fixed, so addresses and shared-memory slots are a per-thread base plus
+// compile-time steps. grad_conv/offsets: element u (< 16) of thread (warp wid, lane) is tile row u >> 3 (d),
+// (u >> 1) & 3 (h), and
+//   float32: w = (u & 1) * 8 + lane % 8, channel ((wid >> 2) * 2 + lane / 16) * 8 + (wid & 3) * 2 + lane / 8 % 2;
+//   16-bit:  w = lane % 16, channel (wid >> 2) * 16 + (u & 1) * 8 + (wid & 3) * 2 + lane / 16;
+// so that a warp's 32 scattered stores of one u hit 32 distinct banks (16 words, two halves each, for 16-bit).
+// float32 input halo: halo position tid (< 255), input channels u < 16; 16-bit input halo: halo row tid / 8 % 16
+// (< 15) and position pair tid % 8 of channels tid / 128 + 2u (u < 8), plus the last halo column (w = 16) of
+// (channel, row) = (tid / 15, tid % 15) for tid < 240.
 constexpr int kGradPer = kPos * kBN / kThreads;  // 16
+static_assert(kGradPer == 16 && kThreads == 256, "the element mapping above");
 template <Mode M>
 struct TileRegs {
   static constexpr int kX = ModeTraits<M>::kHalf ? 17 : 16;
   uint32_t g[kGradPer];    // grad_conv bits
-  uint32_t off[kGradPer];  // offsets; 8 (no phase: a zero one-hot) outside the tensor
+  uint32_t off[kGradPer];  // offsets; 8 (no phase) outside the tensor
   uint32_t x[kX];          // input bits (16-bit: 8 pairs as 16 halves, then the last column)
 };
 
@@ -64,22 +83,41 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
   constexpr bool kHalf = ModeTraits<M>::kHalf;
   const int tid = threadIdx.x;
   {
-    const int tp = tid % kPos, c0 = tid / kPos;
-    const int qd = o.qd0 + tp / (kTH * kTW), qh = o.qh0 + (tp / kTW) % kTH, qw = o.qw0 + tp % kTW;
-    const bool pos_ok = qd < p.PD && qh < p.PH && qw < p.PW;
-    const int64_t at = ((static_cast<int64_t>(o.n) * p.Cout + co0 + c0) * p.PD + qd) * p.PH * p.PW +
-                       static_cast<int64_t>(qh) * p.PW + qw;
-    const int64_t step = 2 * static_cast<int64_t>(p.PD) * p.PH * p.PW;
+    const int lane = tid & 31, wid = tid >> 5;
+    const int kp = kHalf ? (lane & 15) : (lane & 7);
+    const int co = kHalf ? (wid >> 2) * 16 + (wid & 3) * 2 + (lane >> 4)
+                         : ((wid >> 2) * 2 + (lane >> 4)) * 8 + (wid & 3) * 2 + ((lane >> 3) & 1);
+    const int64_t phw = static_cast<int64_t>(p.PH) * p.PW;
+    const int64_t plane = phw * p.PD;
+    const int64_t at = (static_cast<int64_t>(o.n) * p.Cout + co0 + co) * plane + o.qd0 * phw +
+                       static_cast<int64_t>(o.qh0) * p.PW + o.qw0 + kp;
+    // Element u = 2 * row + j: tile row (d, h) = (row / kTH, row % kTH); j picks w + 8 (float32) or channel + 8
+    // (16-bit). Validity per row and per j, combined per element.
+    bool j_ok[2];
 #pragma unroll
-    for (int u = 0; u < kGradPer; ++u) {
-      const bool ok = pos_ok && co0 + c0 + 2 * u < p.Cout;
-      const int64_t e = at + u * step;
-      if constexpr (kHalf) {
-        r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
-      } else {
-        r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+    for (int j = 0; j < 2; ++j) {
+      j_ok[j] = kHalf ? o.qw0 + kp < p.PW && co0 + co + 8 * j < p.Cout
+                      : o.qw0 + 8 * j + kp < p.PW && co0 + co < p.Cout;
+    }
+    const int64_t jstep = kHalf ? 8 * plane : 8;
+    static_assert(kGradPer == 2 * kTD * kTH, "two elements per tile row");
+#pragma unroll
+    for (int row = 0; row < kTD * kTH; ++row) {
+      const int d = row / kTH, h = row % kTH;
+      const bool row_ok = o.qd0 + d < p.PD && o.qh0 + h < p.PH;
+      const int64_t e0 = at + d * phw + static_cast<int64_t>(h) * p.PW;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int u = 2 * row + j;
+        const bool ok = row_ok && j_ok[j];
+        const int64_t e = e0 + j * jstep;
+        if constexpr (kHalf) {
+          r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
+        } else {
+          r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+        }
+        r.off[u] = ok ? ld_u8(p.off + e) : 8u;
       }
-      r.off[u] = ok ? ld_u8(p.off + e) : 8u;
     }
   }
   const int64_t plane = static_cast<int64_t>(p.D) * p.H * p.W;
@@ -87,10 +125,13 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
     const int hd = tid / (kHH * kHW), hh = (tid / kHW) % kHH, hw = tid % kHW;
     const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
     const bool pos_ok = tid < kHaloRows * kHW && d < p.D && h < p.H && w < p.W;
-    const int64_t at = (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+    const int nci = p.Cin - ci0;
+    const float* xp = static_cast<const float*>(p.x) + (static_cast<int64_t>(o.n) * p.Cin + ci0) * plane +
+                      (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
     for (int u = 0; u < 16; ++u) {
-      r.x[u] = pos_ok && ci0 + u < p.Cin ? ld_u32(static_cast<const float*>(p.x) + at + u * plane) : 0u;
+      r.x[u] = pos_ok && u < nci ? ld_u32(xp) : 0u;
+      xp += plane;
     }
   } else {
     const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
@@ -98,13 +139,15 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
       const int row = (tid / 8) % 16, j = tid % 8, c0 = tid / 128;
       const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + 2 * j;
       const bool row_ok = row < kHaloRows && d < p.D && h < p.H;
-      const int64_t at =
-          (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane + (static_cast<int64_t>(d) * p.H + h) * p.W + w;
+      const int nci = p.Cin - ci0 - c0;
+      const bool w0_ok = row_ok && w < p.W, w1_ok = row_ok && w + 1 < p.W;
+      const uint16_t* xp = x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + c0) * plane +
+                           (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const bool ok = row_ok && ci0 + c0 + 2 * u < p.Cin;
-        r.x[2 * u] = ok && w < p.W ? ld_u16(x16 + at + 2 * u * plane) : 0u;
-        r.x[2 * u + 1] = ok && w + 1 < p.W ? ld_u16(x16 + at + 2 * u * plane + 1) : 0u;
+        r.x[2 * u] = w0_ok && 2 * u < nci ? ld_u16(xp) : 0u;
+        r.x[2 * u + 1] = w1_ok && 2 * u < nci ? ld_u16(xp + 1) : 0u;
+        xp += 2 * plane;
       }
     }
     {
@@ -118,29 +161,53 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
   }
 }
 
-// Stores a loaded tile: grad_conv in B-fragment order with its one-hot offsets (1 << offset), the input halo as A
-// words (float32 operands TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards
-// from the stored pairs (build_shifted_pairs), after a barrier.
+// Stores a loaded tile: each grad_conv element into the B copy of its phase (offset; an element with no phase is a
+// zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took in the previous tile
+// (`prev`: that copy's byte offset, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
+// TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the stored pairs
+// (build_shifted_pairs), after a barrier.
 template <Mode M>
-__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t* __restrict__ sG, uint8_t* __restrict__ sOH,
-                                           uint32_t* __restrict__ sX, uint16_t* __restrict__ sLast) {
+__device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev)[kGradPer],
+                                           uint32_t* __restrict__ sB, uint32_t* __restrict__ sX,
+                                           uint16_t* __restrict__ sLast) {
   using S = Smem<M>;
   const int tid = threadIdx.x;
   {
-    const int tp = tid % kPos, c0 = tid / kPos;
-    const int kp = tp % (8 * S::kPosPerWord), sstep = tp / (8 * S::kPosPerWord);
-    const int kw = kp / S::kPosPerWord, hs = kp % S::kPosPerWord, t = kw & 3, hi = kw >> 2;
-    const int wbase = sstep * 256 + c0 * 16 + t * 4 + hi;
-    const int hbase = S::kHalf ? sstep * 512 + c0 * 64 + t * 16 + hi * 2 + hs : sstep * 256 + c0 * 32 + t * 8 + hi;
+    const int lane = tid & 31, wid = tid >> 5;
+    // `prev` and the phase offsets are byte offsets of a phase's copy (kPhaseWords * 4 = 1 << kPhaseShift).
+    constexpr int kPhaseShift = S::kHalf ? 13 : 14;
+    static_assert(S::kPhaseWords * 4 == 1 << kPhaseShift, "phase copies of 2^kPhaseShift bytes");
+    if constexpr (S::kHalf) {
+      // half index 2 * word + (position parity) of word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 +
+      // (nt & 1) * 2 + hi, k-word kw = t + 4 hi = lane / 2 % 8, g = (wid & 3) * 2 + lane / 16, nt = (wid >> 2) * 2 +
+      // (u & 1), k-step u >> 1
+      const int kw = (lane >> 1) & 7, g = (wid & 3) * 2 + (lane >> 4);
+      const int slot = ((wid >> 2) * 128 + (g * 4 + (kw & 3)) * 4 + (kw >> 2)) * 2 + (lane & 1);
+      char* sb = reinterpret_cast<char*>(sB) + 2 * slot;
 #pragma unroll
-    for (int u = 0; u < kGradPer; ++u) {
-      const int word = wbase + (u >> 3) * 128 + (u & 3) * 32 + ((u >> 2) & 1) * 2;
-      if constexpr (S::kHalf) {
-        reinterpret_cast<uint16_t*>(sG)[word * 2 + hs] = static_cast<uint16_t>(r.g[u]);
-        sOH[hbase + (u & 3) * 128 + (u >> 2) * 4] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
-      } else {
-        sG[word] = M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(r.g[u])) : r.g[u];
-        sOH[hbase + (u & 3) * 64 + (u >> 2) * 2] = static_cast<uint8_t>((1u << r.off[u]) & 0xffu);
+      for (int u = 0; u < kGradPer; ++u) {
+        const int at = 2 * ((u >> 1) * 512 + (u & 1) * 4);
+        const uint32_t ph = (r.off[u] & 7u) << kPhaseShift;
+        *reinterpret_cast<uint16_t*>(sb + prev[u] + at) = 0;
+        *reinterpret_cast<uint16_t*>(sb + ph + at) = static_cast<uint16_t>(r.off[u] < 8u ? r.g[u] : 0u);
+        prev[u] = ph;
+      }
+    } else {
+      // word k-step * 256 + (nt >> 1) * 128 + (g * 4 + t) * 4 + (nt & 1) * 2 + hi with k = t + 4 hi = lane % 8,
+      // g = (wid & 3) * 2 + lane / 8 % 2, nt = (wid >> 2) * 2 + lane / 16, k-step u
+      const int kp = lane & 7;
+      const int slot = (wid >> 2) * 128 + (((wid & 3) * 2 + ((lane >> 3) & 1)) * 4 + (kp & 3)) * 4 +
+                       (lane >> 4) * 2 + (kp >> 2);
+      char* sb = reinterpret_cast<char*>(sB) + 4 * slot;
+#pragma unroll
+      for (int u = 0; u < kGradPer; ++u) {
+        const int at = 4 * (u * 256);
+        const uint32_t ph = (r.off[u] & 7u) << kPhaseShift;
+        const uint32_t v = r.off[u] < 8u ? r.g[u] : 0u;
+        *reinterpret_cast<uint32_t*>(sb + prev[u] + at) = 0u;
+        *reinterpret_cast<uint32_t*>(sb + ph + at) =
+            M == Mode::kTF32 ? conv_pool::tf32_round(__uint_as_float(v)) : v;
+        prev[u] = ph;
       }
     }
   }
