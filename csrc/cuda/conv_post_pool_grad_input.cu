@@ -79,7 +79,6 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   p.PD = static_cast<int>(PD);
   p.PH = static_cast<int>(PH);
   p.PW = static_cast<int>(PW);
-  p.g_channels_last = Cout > 1 && grad_conv.stride(1) == 1;
   p.tiles_d = static_cast<int>(ceil_div(D, kTD));
   p.tiles_h = static_cast<int>(ceil_div(H, kTH));
   p.tiles_w = static_cast<int>(ceil_div(W, kTW));
@@ -91,9 +90,9 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cout is 0.
   const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
   const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8, 16 or (TF32, whose phases ride in the staged words) 32 k-words: two blocks per multiprocessor.
-  const int64_t max_chunk = mode == Mode::kTF32 ? 32 : 16;
-  const int chunk_words = static_cast<int>(padded <= 8 ? 8 : padded <= 16 ? 16 : max_chunk);
+  // Chunks of 8 or (TF32, whose phases ride in the staged words) 16 k-words: two blocks per multiprocessor with
+  // double-buffered gradient and weight (conv_post_pool_grad_input.cuh, smem_bytes).
+  const int chunk_words = mode == Mode::kTF32 && padded > 8 ? 16 : 8;
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();
