@@ -94,6 +94,8 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   // double-buffered gradient and weight (conv_post_pool_grad_input.cuh, smem_bytes).
   const int chunk_words = mode == Mode::kTF32 && padded > 8 ? 16 : 8;
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
+  // The kernel decodes tile indices (below n_tiles plus one grid's width) in int.
+  TORCH_CHECK(p.n_tiles < (int64_t(1) << 30), "conv_post_pool grad_input: too many tiles for one launch: ", p.n_tiles);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();
   switch (mode) {

@@ -454,15 +454,15 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
     a_base[i] = ((row_d[i] + 1) * kHH + row_h[i] + 1) * kHW + 1 + g + t * kPitch;
   }
 
-  // The tile origin of unit u.
-  auto tile_of = [&](int64_t u, int& n, int& d0, int& h0, int& w0) {
-    int64_t rem = blockIdx.x + (u / nchunks) * gridDim.x;
-    w0 = static_cast<int>(rem % p.tiles_w) * kTW;
+  // The origin of a tile (int: the launcher checks that tile indices stay below 2^31).
+  auto tile_of = [&](int tile, int& n, int& d0, int& h0, int& w0) {
+    int rem = tile;
+    w0 = (rem % p.tiles_w) * kTW;
     rem /= p.tiles_w;
-    h0 = static_cast<int>(rem % p.tiles_h) * kTH;
+    h0 = (rem % p.tiles_h) * kTH;
     rem /= p.tiles_h;
-    d0 = static_cast<int>(rem % p.tiles_d) * kTD;
-    n = static_cast<int>(rem / p.tiles_d);
+    d0 = (rem % p.tiles_d) * kTD;
+    n = rem / p.tiles_d;
   };
 
   // The first unit: its weight (or all of it) and its gradient, before any mma.
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
   if (resident && nchunks == 2) w_unsafe |= stage_weights<M, KS>(p, sW + kWeightWords<KS>, ci0, 1);
   {
     int n, d0, h0, w0;
-    tile_of(0, n, d0, h0, w0);
+    tile_of(static_cast<int>(blockIdx.x), n, d0, h0, w0);
     stager.setup(p, n_units > 0, n, d0, h0, w0, 0, 2 * kWeightWords<KS>);
     stager.all();
   }
@@ -495,17 +495,18 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][nt][j] = 0.f;
 
+  int tile = static_cast<int>(blockIdx.x), c = 0;  // of unit u
   for (int64_t u = 0; u < n_units; ++u) {
-    const int c = static_cast<int>(u % nchunks);
     const int buf = static_cast<int>(u & 1);
     const bool has_next = u + 1 < n_units;
     const int c_next = c + 1 < nchunks ? c + 1 : 0;
+    const int tile_next = c_next == 0 ? tile + static_cast<int>(gridDim.x) : tile;
     bool next_w_unsafe = false;
     if (!resident && has_next)
       next_w_unsafe = stage_weights<M, KS>(p, sW + (buf ^ 1) * kWeightWords<KS>, ci0, c_next);
     {
       int n, d0, h0, w0;
-      tile_of(has_next ? u + 1 : u, n, d0, h0, w0);
+      tile_of(has_next ? tile_next : tile, n, d0, h0, w0);
       stager.setup(p, has_next, n, d0, h0, w0, c_next, 2 * kWeightWords<KS> + (buf ^ 1) * kG);
     }
     const uint32_t* cur = sG + buf * kG;
@@ -523,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
     if (c == nchunks - 1) {
       // Stores through grad_input's strides, int64 offsets.
       int n, d0, h0, w0;
-      tile_of(u, n, d0, h0, w0);
+      tile_of(tile, n, d0, h0, w0);
 #pragma unroll
       for (int i = 0; i < kMT; ++i) {
         const int d = d0 + row_d[i];
@@ -551,6 +552,8 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
       (void)next_w_unsafe;
       __syncthreads();
     }
+    tile = tile_next;
+    c = c_next;
   }
 }
 
