@@ -71,9 +71,11 @@ def build(verbose=False):
         pass
     srcs = [os.path.join(ROOT, "benchmarks", "conv_grad_input_kernel_binding.cpp")]
     srcs += sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "conv_post_pool_grad_input*.cu")))
-    return cpp_extension.load(name="conv_grad_input_kernel_dev", sources=srcs, extra_include_paths=includes,
-                              extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo", "-Xptxas=-v"],
-                              verbose=verbose)
+    # GI_NVCC_FLAGS / GI_NAME_SUFFIX: a variant of the kernel (compile-time settings) built as its own module
+    flags = os.environ.get("GI_NVCC_FLAGS", "").split()
+    return cpp_extension.load(name="conv_grad_input_kernel_dev" + os.environ.get("GI_NAME_SUFFIX", ""), sources=srcs,
+                              extra_include_paths=includes, extra_cflags=["-O3"],
+                              extra_cuda_cflags=["-O3", "-lineinfo", "-Xptxas=-v"] + flags, verbose=verbose)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Instantiated in the per-precision files.
 extern template void launch_mode<Mode::kTF32>(const Params&, int, cudaStream_t);
-extern template void launch_mode<Mode::kStrict>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kBF16>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kFP16>(const Params&, int, cudaStream_t);
 
@@ -90,9 +89,12 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cout is 0.
   const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
   const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8 or (TF32, whose phases ride in the staged words) 16 k-words: two blocks per multiprocessor with
-  // double-buffered gradient and weight (conv_post_pool_grad_input.cuh, smem_bytes).
-  const int chunk_words = mode == Mode::kTF32 && padded > 8 ? 16 : 8;
+  // Chunks of 8 or 16 k-words, so that two blocks fit a multiprocessor with their double-buffered gradient and
+  // their weight (conv_post_pool_grad_input.cuh, smem_bytes): TF32 (phases inside the staged words) takes 16
+  // whenever Cout needs more than 8 (two chunks of weight stay resident), the 16-bit modes 16 when that is all of
+  // Cout (one weight buffer). Strict float32 (single-buffered kernel) takes 16 past 8.
+  const int chunk_words = mode == Mode::kTF32 || mode == Mode::kStrict ? (padded > 8 ? 16 : 8)
+                                                                      : (padded == 16 ? 16 : 8);
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
   // The kernel decodes tile indices (below n_tiles plus one grid's width) in int.
   TORCH_CHECK(p.n_tiles < (int64_t(1) << 30), "conv_post_pool grad_input: too many tiles for one launch: ", p.n_tiles);
@@ -103,7 +105,7 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
       launch_mode<Mode::kTF32>(p, chunk_words, stream);
       break;
     case Mode::kStrict:
-      launch_mode<Mode::kStrict>(p, chunk_words, stream);
+      launch_strict(p, chunk_words, stream);
       break;
     case Mode::kBF16:
       launch_mode<Mode::kBF16>(p, chunk_words, stream);

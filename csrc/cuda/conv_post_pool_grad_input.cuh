@@ -62,14 +62,18 @@ constexpr bool kSeparateCodes = M != Mode::kTF32;
 // codes where kept separately).
 template <int KS>
 constexpr int kWeightWords = 27 * KS * 128;
+// (16-bit modes keep their two phases per k-word as one 16-bit code: half a word)
 template <Mode M, int KS>
-constexpr int kGradWords = (kSeparateCodes<M> ? 2 : 1) * kPitch * 8 * KS;
+constexpr int kGradWords = (M == Mode::kTF32 ? 2 : M == Mode::kStrict ? 4 : 3) * kPitch * 8 * KS / 2;
 
-// Two weight buffers (all of the weight when it spans at most two chunks, else the current and the next chunk's)
-// and two gradient buffers.
+// Weight buffers, then two gradient buffers. Two weight buffers hold all of the weight when it spans at most two
+// chunks, else the current and the next chunk's; the 16-bit modes' 16-word chunks (taken only when one chunk holds
+// all of Cout) keep one, so that two blocks still fit a multiprocessor.
+template <Mode M, int KS>
+constexpr int kWeightBuffers = ModeTraits<M>::kHalf && KS == 2 ? 1 : 2;
 template <Mode M, int KS>
 constexpr size_t smem_bytes() {
-  return static_cast<size_t>(2 * kWeightWords<KS> + 2 * kGradWords<M, KS>) * sizeof(uint32_t);
+  return static_cast<size_t>(kWeightBuffers<M, KS> * kWeightWords<KS> + 2 * kGradWords<M, KS>) * sizeof(uint32_t);
 }
 
 // The shift of the si-th step of a unit (bits dd dh dw): ordered by rising tap count (1, 2, 2, 2, 4, 4, 4, 8), so
@@ -93,6 +97,10 @@ struct Params {
 // The code a 16-bit mode keeps for phase `ph` (0..7): the f16 with exponent field ph, so the codes are distinct,
 // finite and compare equal exactly when the phases are (set.eq.f16x2 below; 0 is the only zero).
 __host__ __device__ constexpr uint32_t phase_code16(uint32_t ph) { return ph << 10; }
+
+// The f16x2 codes (phase_code16 per half) from a staged 16-bit code holding the phases << 2 in its two bytes:
+// byte 0 to bits 8..15, byte 1 to bits 24..31.
+__device__ __forceinline__ uint32_t code16_to_f16x2(uint32_t code16) { return __byte_perm(code16, 0u, 0x1404); }
 
 // Per-half all-ones mask where the f16x2 codes equal `c` in both halves.
 __device__ __forceinline__ uint32_t eq_mask16(uint32_t codes, uint32_t c) {
@@ -197,11 +205,12 @@ __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int ci
 // windows q = i0 - 1 .. i0 + kT - 1 per dim: word (k, halo position) at k * kPitch + position; zero (phase 0)
 // outside the pooled extent and past Cout. Each thread keeps its two halo positions (decoded and bounds-checked
 // once per unit) and walks their channels with one address step each, through any strides. Piece k (of 8) holds
-// k-words k * KS .. k * KS + KS - 1; its loads land in slot k % kDepth, so kDepth pieces can be in flight
-// (strict float32, whose mma steps are three times longer and whose registers are scarcer, keeps two).
+// k-words k * KS .. k * KS + KS - 1; its loads land in slot k % kDepth, so kDepth pieces can be in flight (two
+// where registers are scarcer: strict float32, whose mma steps are three times longer, and the 16-bit modes'
+// 16-word chunks, whose pieces take eight loads per position).
 template <Mode M, int KS>
 struct GradStager {
-  static constexpr int kDepth = M == Mode::kStrict ? 2 : 3;
+  static constexpr int kDepth = M == Mode::kStrict || (ModeTraits<M>::kHalf && KS == 2) ? 2 : 3;
   static constexpr int kCh = ModeTraits<M>::kHalf ? 2 : 1;  // channels per k-word
   using elem_t = std::conditional_t<ModeTraits<M>::kHalf, uint16_t, float>;
 
@@ -269,7 +278,14 @@ struct GradStager {
         if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
         const int at = dst + (k * KS + w) * kPitch + hp;
         smem[at] = word;
-        if constexpr (kSeparateCodes<M>) smem[at + kPitch * 8 * KS] = code;
+        if constexpr (M == Mode::kStrict) {
+          smem[at + kPitch * 8 * KS] = code;
+        } else if constexpr (ModeTraits<M>::kHalf) {
+          // bytes (phase lo << 2, phase hi << 2): code16_to_f16x2 makes the f16x2 codes of make_word from them
+          (void)code;
+          reinterpret_cast<uint16_t*>(smem + dst + kPitch * 8 * KS)[(k * KS + w) * kPitch + hp] =
+              static_cast<uint16_t>(((plo[s][j][w] & 7u) << 2) | ((phi[s][j][w] & 7u) << 10));
+        }
       }
     }
   }
@@ -307,8 +323,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
     const int dd = s >> 2, dh = (s >> 1) & 1, dw = s & 1;
     // window q = i - delta
     const int a_off = -((dd * kHH + dh) * kHW + dw);
-    // Strict float32 keeps three parts of every operand: its k-steps run one at a time to stay in registers.
-    constexpr int kUnrollK = M == Mode::kStrict ? 1 : KS;
+    // Strict float32 keeps three parts of every operand, the 16-bit modes a code per word: their k-steps run one
+    // at a time to stay in registers.
+    constexpr int kUnrollK = M == Mode::kTF32 ? KS : 1;
 #pragma unroll kUnrollK
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t a[kMT][4], code[kMT][4];
@@ -319,7 +336,11 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           a[i][r] = sA[o + offs[r]];
-          if constexpr (kSeparateCodes<M>) code[i][r] = sC[o + offs[r]];
+          if constexpr (M == Mode::kStrict) {
+            code[i][r] = sC[o + offs[r]];
+          } else if constexpr (ModeTraits<M>::kHalf) {
+            code[i][r] = code16_to_f16x2(reinterpret_cast<const uint16_t*>(sC)[o + offs[r]]);
+          }
         }
       }
       // Strict float32: split the A words once per shift; the taps select among the parts.
@@ -420,6 +441,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
     }
     constexpr int kLag = GradStager<M, KS>::kDepth - 1;
     if (si >= kLag) next.store(si - kLag);
+    // Strict float32: no shared-memory load of the next shift is hoisted above this one's mma (they would not
+    // fit in the registers).
+    if constexpr (M == Mode::kStrict) asm volatile("" ::: "memory");
   }
   next.finish();
 }
@@ -428,11 +452,16 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 // blockIdx.x + gridDim.x, ..., a unit (tile, chunk) at a time. When the weight spans at most two chunks it is
 // staged once (chunk c in buffer c); otherwise each unit's chunk is staged into buffer (unit & 1) at the start of
 // the previous unit.
+#ifndef GI_STRICT_MIN_BLOCKS
+#define GI_STRICT_MIN_BLOCKS 2
+#endif
 template <Mode M, int KS>
-__global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_BLOCKS : 2)
+    grad_input_kernel(const Params p) {
   using io_t = typename ModeTraits<M>::io_t;
-  uint32_t* const sW = smem;                            // 2 x kWeightWords
-  uint32_t* const sG = smem + 2 * kWeightWords<KS>;     // 2 x kGradWords: values, then codes
+  constexpr int g_base = kWeightBuffers<M, KS> * kWeightWords<KS>;
+  uint32_t* const sW = smem;           // weight_buffers x kWeightWords
+  uint32_t* const sG = smem + g_base;  // 2 x kGradWords: values, then codes
   constexpr int kG = kGradWords<M, KS>;
   constexpr int kCodes = kPitch * 8 * KS;               // offset of the codes in a gradient buffer
 
@@ -472,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
   {
     int n, d0, h0, w0;
     tile_of(static_cast<int>(blockIdx.x), n, d0, h0, w0);
-    stager.setup(p, n_units > 0, n, d0, h0, w0, 0, 2 * kWeightWords<KS>);
+    stager.setup(p, n_units > 0, n, d0, h0, w0, 0, g_base);
     stager.all();
   }
   // Strict float32: whether the resident weight, and the current unit's staged words, may all take the simpler
@@ -507,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p)
     {
       int n, d0, h0, w0;
       tile_of(has_next ? tile_next : tile, n, d0, h0, w0);
-      stager.setup(p, has_next, n, d0, h0, w0, c_next, 2 * kWeightWords<KS> + (buf ^ 1) * kG);
+      stager.setup(p, has_next, n, d0, h0, w0, c_next, g_base + (buf ^ 1) * kG);
     }
     const uint32_t* cur = sG + buf * kG;
     const uint32_t* w_cur = sW + (resident ? c : buf) * kWeightWords<KS>;
@@ -573,6 +602,7 @@ int blocks_per_sm(size_t smem) {
 
 template <Mode M, int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT((kWeightBuffers<M, KS> == 2 || p.nchunks == 1));
   const size_t smem = smem_bytes<M, KS>();
   auto kernel = grad_input_kernel<M, KS>;
   // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
@@ -590,16 +620,18 @@ void launch_one(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Dispatch on the chunk size (k-words: 8, or 16 for TF32); instantiated per precision in
-// conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu so that they compile in parallel.
+// Dispatch on the chunk size (k-words: 8 or 16); instantiated per precision in
+// conv_post_pool_grad_input_{tf32,bf16,fp16}.cu so that they compile in parallel.
 template <Mode M>
 void launch_mode(const Params& p, int chunk_words, cudaStream_t stream) {
-  if constexpr (M == Mode::kTF32) {
-    if (chunk_words == 16) return launch_one<M, 2>(p, stream);
-  }
+  static_assert(M != Mode::kStrict, "strict float32 takes launch_strict");
+  if (chunk_words == 16) return launch_one<M, 2>(p, stream);
   TORCH_INTERNAL_ASSERT(chunk_words == 8, "chunk of ", chunk_words, " k-words");
   return launch_one<M, 1>(p, stream);
 }
+
+// Strict float32 (conv_post_pool_grad_input_fp32.cu: the single-buffered kernel; chunks of 8 or 16 k-words).
+void launch_strict(const Params& p, int chunk_words, cudaStream_t stream);
 
 }  // namespace grad_input
 }  // namespace conv_pool

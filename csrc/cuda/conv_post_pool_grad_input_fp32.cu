@@ -1,11 +1,401 @@
-// The input-gradient kernels of the fused convolution for strict float32 (three TF32 products); one file per precision so that the
-// instantiations compile in parallel.
+// The input-gradient kernels of the fused convolution in strict float32 (three TF32 products per product); one file
+// per precision so that the instantiations compile in parallel.
+//
+// Strict float32 keeps the single-buffered form of the kernel: its hot loop (three operand parts per word, a fresh
+// accumulator per tap) needs every register, and the double-buffered kernel of conv_post_pool_grad_input.cuh,
+// whose staging stays live through the mma, measured slower for it (252 against 212 us at the KernelBench size,
+// H200). Here a block stages a chunk, synchronises, runs its mma, and stages the next.
 #include "conv_post_pool_grad_input.cuh"
 
 namespace fused {
 namespace conv_pool {
 namespace grad_input {
-template void launch_mode<Mode::kStrict>(const Params& p, int chunk_words, cudaStream_t stream);
+namespace single_buffered {
+
+// Shared-memory words: the weight (27 taps x kBlockN columns) and the gradient with its codes, per k-word.
+constexpr size_t smem_words(int chunk_words) { return static_cast<size_t>(27 * kBlockN + 2 * kPitch) * chunk_words; }
+
+// The pooled gradient of the tile at (n, d0, h0, w0), chunk `chunk` (CW k-words), over the windows q = i0 - 1 ..
+// i0 + kT - 1 per dim: word (k, halo position) at k * kPitch + position; zero (phase 0) outside the pooled extent
+// and past Cout. kBatch elements per thread are loaded before their stores (each an L2 round trip). Returns
+// (strict float32) whether a staged word may not take tf32_split_finite.
+template <Mode M, int CW>
+__device__ bool stage_grad(const Params& p, uint32_t* __restrict__ sA, uint32_t* __restrict__ sC, int n, int d0,
+                           int h0, int w0, int chunk) {
+  constexpr int kBatch = 8;
+  constexpr int kTotal = CW * kHalo;
+  constexpr int kCh = ModeTraits<M>::kHalf ? 2 : 1;  // channels per k-word
+  const int64_t nbase = static_cast<int64_t>(n) * p.sg[0];
+  bool unsafe = false;
+  for (int base = threadIdx.x; base < kTotal; base += kBatch * kThreads) {
+    uint32_t lo[kBatch], hi[kBatch], plo[kBatch], phi[kBatch];
+    int dst[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      int kl, hp;
+      if ((p.Cout > 1 && p.sg[1] == 1)) {
+        kl = i % CW;
+        hp = i / CW;
+      } else {
+        kl = i / kHalo;
+        hp = i - kl * kHalo;
+      }
+      const int hd = hp / (kHH * kHW);
+      const int hr = hp - hd * (kHH * kHW);
+      const int hh = hr / kHW;
+      const int hw = hr - hh * kHW;
+      const int qd = d0 - 1 + hd, qh = h0 - 1 + hh, qw = w0 - 1 + hw;
+      dst[u] = i < kTotal ? kl * kPitch + hp : -1;
+      const int c0 = (chunk * CW + kl) * kCh;
+      const bool ok = i < kTotal && qd >= 0 && qh >= 0 && qw >= 0 && qd < p.PD && qh < p.PH && qw < p.PW;
+      const int64_t e = ok ? nbase + qd * p.sg[2] + qh * p.sg[3] + qw * p.sg[4] + c0 * p.sg[1] : 0;
+      const bool ok0 = ok && c0 < p.Cout, ok1 = ok && kCh == 2 && c0 + 1 < p.Cout;
+      if constexpr (!ModeTraits<M>::kHalf) {
+        lo[u] = load_if(ok0, static_cast<const float*>(p.g) + e);
+        hi[u] = 0u;
+      } else {
+        lo[u] = load_if(ok0, static_cast<const uint16_t*>(p.g) + e);
+        hi[u] = load_if(ok1, static_cast<const uint16_t*>(p.g) + e + p.sg[1]);
+      }
+      plo[u] = load_if(ok0, p.off + e);
+      phi[u] = kCh == 2 ? load_if(ok1, p.off + e + p.sg[1]) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      uint32_t word, code;
+      make_word<M>(lo[u], hi[u], plo[u], phi[u], word, code);
+      if (dst[u] >= 0) {
+        if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
+        sA[dst[u]] = word;
+        if constexpr (kSeparateCodes<M>) sC[dst[u]] = code;
+      }
+    }
+  }
+  return unsafe;
+}
+
+// The same for grad_conv whose channel stride is not 1 (NCDHW and the like): each thread keeps one halo position
+// (two for the first kHalo - kThreads threads), decoded and bounds-checked once, and walks the chunk's channels
+// with one address step each, kBatch loads in flight before their stores.
+template <Mode M, int CW>
+__device__ bool stage_grad_planar(const Params& p, uint32_t* __restrict__ sA, uint32_t* __restrict__ sC, int n,
+                                  int d0, int h0, int w0, int chunk) {
+  constexpr int kBatch = 8;
+  constexpr int kPer = (kHalo + kThreads - 1) / kThreads;
+  constexpr int kCh = ModeTraits<M>::kHalf ? 2 : 1;  // channels per k-word
+  static_assert(CW % kBatch == 0, "whole batches of k-words");
+  using elem_t = std::conditional_t<ModeTraits<M>::kHalf, uint16_t, float>;
+  bool unsafe = false;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int hp = threadIdx.x + j * kThreads;
+    if (hp >= kHalo) break;
+    const int hd = hp / (kHH * kHW);
+    const int hr = hp - hd * (kHH * kHW);
+    const int hh = hr / kHW;
+    const int hw = hr - hh * kHW;
+    const int qd = d0 - 1 + hd, qh = h0 - 1 + hh, qw = w0 - 1 + hw;
+    const bool inside = qd >= 0 && qh >= 0 && qw >= 0 && qd < p.PD && qh < p.PH && qw < p.PW;
+    const int c_first = chunk * CW * kCh;
+    const int64_t sc = p.sg[1];
+    const int64_t at =
+        inside ? static_cast<int64_t>(n) * p.sg[0] + qd * p.sg[2] + qh * p.sg[3] + qw * p.sg[4] + c_first * sc : 0;
+    const elem_t* gp = static_cast<const elem_t*>(p.g) + at;
+    const uint8_t* op = p.off + at;
+    // channels of this chunk that exist (0 outside the pooled extent)
+    const int avail = inside ? p.Cout - c_first : 0;
+#pragma unroll
+    for (int kb = 0; kb < CW; kb += kBatch) {
+      uint32_t lo[kBatch], hi[kBatch], plo[kBatch], phi[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = (kb + u) * kCh;
+        lo[u] = load_if(c < avail, gp + c * sc);
+        plo[u] = load_if(c < avail, op + c * sc);
+        hi[u] = kCh == 2 ? load_if(c + 1 < avail, gp + (c + 1) * sc) : 0u;
+        phi[u] = kCh == 2 ? load_if(c + 1 < avail, op + (c + 1) * sc) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        uint32_t word, code;
+        make_word<M>(lo[u], hi[u], plo[u], phi[u], word, code);
+        if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
+        sA[(kb + u) * kPitch + hp] = word;
+        if constexpr (kSeparateCodes<M>) sC[(kb + u) * kPitch + hp] = code;
+      }
+    }
+  }
+  return unsafe;
+}
+
+// acc += the staged chunk's products over the 8 shifts and their taps. Everything but the thread's base
+// addresses is a compile-time constant once the loops are unrolled, so every shared-memory load has an immediate
+// offset. SAFE (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits
+// skip their finiteness handling.
+template <Mode M, int KS, bool SAFE>
+__device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint32_t* __restrict__ sA,
+                                           const uint32_t* __restrict__ sC, const uint32_t* __restrict__ sB,
+                                           const int (&a_base)[kMT], int lane) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int dd = s >> 2, dh = (s >> 1) & 1, dw = s & 1;
+    // window q = i - delta
+    const int a_off = -((dd * kHH + dh) * kHW + dw);
+    // Strict float32 keeps three parts of every operand: its k-steps run one at a time to stay in registers.
+    constexpr int kUnrollK = M == Mode::kStrict ? 1 : KS;
+#pragma unroll kUnrollK
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t a[kMT][4], code[kMT][4];
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+        const int o = a_base[i] + a_off + ks * 8 * kPitch;
+        const int offs[4] = {0, kHW, 4 * kPitch, 4 * kPitch + kHW};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t word = sA[o + offs[r]];
+          if constexpr (M == Mode::kTF32) {
+            code[i][r] = word & 7u;
+            a[i][r] = word & ~7u;
+          } else {
+            a[i][r] = word;
+            code[i][r] = sC[o + offs[r]];
+          }
+        }
+      }
+      // Strict float32: split the A words once per shift; the taps select among the parts.
+      uint32_t ah[kMT][4], al[kMT][4], ac[kMT][4];
+      if constexpr (M == Mode::kStrict) {
+#pragma unroll
+        for (int i = 0; i < kMT; ++i)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            if constexpr (SAFE) {
+              tf32_split_finite(a[i][r], ah[i][r], al[i][r]);
+              ac[i][r] = ah[i][r];
+            } else {
+              tf32_split(a[i][r], ah[i][r], al[i][r], ac[i][r]);
+            }
+          }
+      }
+      (void)ah;
+      (void)al;
+      (void)ac;
+#pragma unroll
+      for (int bd = dd; bd <= 1; ++bd) {
+#pragma unroll
+        for (int bh = dh; bh <= 1; ++bh) {
+#pragma unroll
+          for (int bw = dw; bw <= 1; ++bw) {
+            const int kd = dd ? 0 : (bd ? 2 : 1);
+            const int kh = dh ? 0 : (bh ? 2 : 1);
+            const int kx = dw ? 0 : (bw ? 2 : 1);
+            const int tap = (kd * 3 + kh) * 3 + kx;
+            const uint32_t ph = static_cast<uint32_t>((bd * 2 + bh) * 2 + bw);
+            const uint4 bv = *reinterpret_cast<const uint4*>(sB + ((tap * KS + ks) * 32 + lane) * 4);
+            const uint32_t b[kNT][2] = {{bv.x, bv.y}, {bv.z, bv.w}};
+            if constexpr (M == Mode::kStrict) {
+              uint32_t bh_[kNT][2], bl_[kNT][2], bc_[kNT][2];
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                  if constexpr (SAFE) {
+                    tf32_split_finite(b[nt][r], bh_[nt][r], bl_[nt][r]);
+                    bc_[nt][r] = bh_[nt][r];
+                  } else {
+                    tf32_split(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
+                  }
+                }
+#pragma unroll
+              for (int i = 0; i < kMT; ++i) {
+                uint32_t mh[4], ml[4], mc[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                  const bool take = code[i][r] == ph;
+                  mh[r] = take ? ah[i][r] : 0u;
+                  ml[r] = take ? al[i][r] : 0u;
+                  mc[r] = take ? ac[i][r] : 0u;
+                }
+                // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
+                // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
+                // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
+                // cuDNN's error.
+                // The column tiles interleave so that consecutive mma are independent.
+                float part[kNT][4];
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
+              }
+            } else {
+#pragma unroll
+              for (int i = 0; i < kMT; ++i) {
+                uint32_t m[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                  if constexpr (M == Mode::kTF32) {
+                    m[r] = code[i][r] == ph ? a[i][r] : 0u;
+                  } else {
+                    const uint32_t c16 = phase_code16(ph);
+                    m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
+                  }
+                }
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// KS: k-steps (8 k-words) per staged chunk. Persistent blocks: each stages its weight once (when one chunk holds
+// all of Cout) and walks the tiles blockIdx.x, blockIdx.x + gridDim.x, ...
+template <Mode M, int KS>
+__global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p) {
+  using io_t = typename ModeTraits<M>::io_t;
+  constexpr int kCW = 8 * KS;
+  extern __shared__ __align__(16) uint32_t smem[];
+  uint32_t* sB = smem;
+  uint32_t* sA = sB + 27 * kCW * kBlockN;
+  uint32_t* sC = sA + kCW * kPitch;  // used when kSeparateCodes<M>
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int ci0 = blockIdx.y * kBlockN;
+
+  bool w_unsafe = false;
+  if (p.nchunks == 1) w_unsafe = stage_weights<M, KS>(p, sB, ci0, 0);
+  // Strict float32: whether every weight word may take the simpler split (block-uniform; also a barrier).
+  bool w_safe = false;
+  if constexpr (M == Mode::kStrict) w_safe = !__syncthreads_or(w_unsafe);
+  (void)w_safe;
+
+  int a_base[kMT], row_d[kMT], row_h[kMT];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) {
+    const int mi = warp * kMT + i;
+    row_d[i] = mi >> 2;
+    row_h[i] = (mi & 3) * 2;
+    a_base[i] = ((row_d[i] + 1) * kHH + row_h[i] + 1) * kHW + 1 + g + t * kPitch;
+  }
+
+  for (int64_t tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+    int64_t rem = tile;
+    const int w0 = static_cast<int>(rem % p.tiles_w) * kTW;
+    rem /= p.tiles_w;
+    const int h0 = static_cast<int>(rem % p.tiles_h) * kTH;
+    rem /= p.tiles_h;
+    const int d0 = static_cast<int>(rem % p.tiles_d) * kTD;
+    const int n = static_cast<int>(rem / p.tiles_d);
+
+    float acc[kMT][kNT][4];
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][nt][j] = 0.f;
+
+    for (int c = 0; c < p.nchunks; ++c) {
+      __syncthreads();  // the previous chunk's (or tile's) reads of shared memory are done
+      bool unsafe = false;
+      if (p.nchunks > 1) unsafe = stage_weights<M, KS>(p, sB, ci0, c);
+      if ((p.Cout > 1 && p.sg[1] == 1)) {
+        unsafe |= stage_grad<M, kCW>(p, sA, sC, n, d0, h0, w0, c);
+      } else {
+        unsafe |= stage_grad_planar<M, kCW>(p, sA, sC, n, d0, h0, w0, c);
+      }
+      if constexpr (M == Mode::kStrict) {
+        const bool safe = !__syncthreads_or(unsafe) && (p.nchunks > 1 || w_safe);
+        if (safe) {
+          accumulate<M, KS, true>(acc, sA, sC, sB, a_base, lane);
+        } else {
+          accumulate<M, KS, false>(acc, sA, sC, sB, a_base, lane);
+        }
+      } else {
+        (void)unsafe;
+        __syncthreads();
+        accumulate<M, KS, false>(acc, sA, sC, sB, a_base, lane);
+      }
+    }
+
+    // Stores through grad_input's strides, int64 offsets.
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+      const int d = d0 + row_d[i];
+      const int w = w0 + g;
+      if (d >= p.D || w >= p.W) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int h = h0 + row_h[i] + (j >> 1);
+        if (h >= p.H) continue;
+        const int64_t at = static_cast<int64_t>(n) * p.si[0] + static_cast<int64_t>(d) * p.si[2] +
+                           static_cast<int64_t>(h) * p.si[3] + static_cast<int64_t>(w) * p.si[4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int ci = ci0 + nt * 8 + 2 * t + (j & 1);
+          if (ci >= p.Cin) continue;
+          static_cast<io_t*>(p.gi)[at + static_cast<int64_t>(ci) * p.si[1]] = from_float<io_t>(acc[i][nt][j]);
+        }
+      }
+    }
+  }
+}
+
+// Blocks per multiprocessor of one instantiation, asked of the runtime once (the grid only sizes the persistent
+// loop, so a stale figure on a different second GPU costs speed, never correctness).
+template <Mode M, int KS>
+int blocks_per_sm(size_t smem) {
+  static std::atomic<int> cache{0};
+  int v = cache.load(std::memory_order_relaxed);
+  if (v <= 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grad_input_kernel<M, KS>, kThreads, smem));
+    v = v > 0 ? v : 1;
+    cache.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+template <Mode M, int KS>
+void launch_one(const Params& p, cudaStream_t stream) {
+  const size_t smem = smem_words(8 * KS) * sizeof(uint32_t);
+  auto kernel = grad_input_kernel<M, KS>;
+  // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t grid_y = (p.Cin + kBlockN - 1) / kBlockN;
+  TORCH_CHECK(grid_y <= 65535, "conv_post_pool grad_input: too many input channels for one launch: ", p.Cin);
+  const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, KS>(smem)) * sms;
+  int64_t bx = (resident + grid_y - 1) / grid_y;
+  bx = bx < p.n_tiles ? bx : p.n_tiles;
+  bx = bx > 0 ? bx : 1;
+  kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(grid_y)), kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+}  // namespace single_buffered
+
+void launch_strict(const Params& p, int chunk_words, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(chunk_words == 8 || chunk_words == 16, "chunk of ", chunk_words, " k-words");
+  if (chunk_words == 8) return single_buffered::launch_one<Mode::kStrict, 1>(p, stream);
+  return single_buffered::launch_one<Mode::kStrict, 2>(p, stream);
+}
+
 }  // namespace grad_input
 }  // namespace conv_pool
 }  // namespace fused
