@@ -13,8 +13,10 @@
 //
 // The work of a block is a sequence of units (tile, chunk of output channels). The staged gradient is double
 // buffered: while a unit's mma run from one buffer, the same threads load the next unit's gradient from global
-// memory in eight pieces, one per shift, each stored to the other buffer two shifts after its loads were issued,
-// so the loads' latency hides behind the mma. One barrier per unit then publishes the next buffer.
+// memory in eight pieces, one per shift, each stored to the other buffer one or two shifts after its loads were
+// issued, so the loads' latency hides behind the mma. One barrier per unit then publishes the next buffer. This
+// kernel serves TF32, bf16 and fp16; strict float32 keeps a single-buffered kernel
+// (conv_post_pool_grad_input_fp32.cu), whose three-product hot loop needs the registers the staging would hold.
 #pragma once
 
 #include "conv_post_pool_mma.cuh"
@@ -52,9 +54,9 @@ static_assert(kTW == 8, "a row tile holds 8 w positions per h row");
 static_assert(kPosPerThread == 2, "the staging loops assume two halo positions per thread");
 
 // TF32 keeps the phase as a one-hot bit (bits 0..7) in each staged word: TF32 rounding clears the low 13 bits
-// and the tensor cores ignore them, so the word goes to the mma as it is. The other modes keep a second word per
-// staged word: the phase (strict float32) or the two phases as f16 values (16-bit modes, compared by one f16x2
-// set.eq).
+// and the tensor cores ignore them, so the word goes to the mma as it is. The 16-bit modes keep a 16-bit code per
+// staged word (its two phases; code16_to_f16x2 turns it into f16 values compared by one f16x2 set.eq). Strict
+// float32 (its own kernel) keeps a code word per staged word.
 template <Mode M>
 constexpr bool kSeparateCodes = M != Mode::kTF32;
 
@@ -64,7 +66,7 @@ template <int KS>
 constexpr int kWeightWords = 27 * KS * 128;
 // (16-bit modes keep their two phases per k-word as one 16-bit code: half a word)
 template <Mode M, int KS>
-constexpr int kGradWords = (M == Mode::kTF32 ? 2 : M == Mode::kStrict ? 4 : 3) * kPitch * 8 * KS / 2;
+constexpr int kGradWords = (M == Mode::kTF32 ? 2 : 3) * kPitch * 8 * KS / 2;
 
 // Weight buffers, then two gradient buffers. Two weight buffers hold all of the weight when it spans at most two
 // chunks, else the current and the next chunk's; the 16-bit modes' 16-word chunks (taken only when one chunk holds
@@ -205,12 +207,11 @@ __device__ bool stage_weights(const Params& p, uint32_t* __restrict__ sB, int ci
 // windows q = i0 - 1 .. i0 + kT - 1 per dim: word (k, halo position) at k * kPitch + position; zero (phase 0)
 // outside the pooled extent and past Cout. Each thread keeps its two halo positions (decoded and bounds-checked
 // once per unit) and walks their channels with one address step each, through any strides. Piece k (of 8) holds
-// k-words k * KS .. k * KS + KS - 1; its loads land in slot k % kDepth, so kDepth pieces can be in flight (two
-// where registers are scarcer: strict float32, whose mma steps are three times longer, and the 16-bit modes'
-// 16-word chunks, whose pieces take eight loads per position).
+// k-words k * KS .. k * KS + KS - 1; its loads land in slot k % kDepth, so kDepth pieces can be in flight (two for
+// the 16-bit modes' 16-word chunks, whose pieces take eight loads per position).
 template <Mode M, int KS>
 struct GradStager {
-  static constexpr int kDepth = M == Mode::kStrict || (ModeTraits<M>::kHalf && KS == 2) ? 2 : 3;
+  static constexpr int kDepth = ModeTraits<M>::kHalf && KS == 2 ? 2 : 3;
   static constexpr int kCh = ModeTraits<M>::kHalf ? 2 : 1;  // channels per k-word
   using elem_t = std::conditional_t<ModeTraits<M>::kHalf, uint16_t, float>;
 
@@ -220,7 +221,6 @@ struct GradStager {
   bool store_ok[kPosPerThread];
   int64_t sc;
   int dst;  // word offset of the destination buffer in smem
-  bool unsafe;  // strict float32: a staged word may not take tf32_split_finite
   uint32_t lo[kDepth][kPosPerThread][KS], hi[kDepth][kPosPerThread][KS], plo[kDepth][kPosPerThread][KS],
       phi[kDepth][kPosPerThread][KS];
 
@@ -229,7 +229,6 @@ struct GradStager {
                                         int buffer) {
     dst = buffer;
     sc = p.sg[1];
-    unsafe = false;
     const int c_first = chunk * 8 * KS * kCh;
 #pragma unroll
     for (int j = 0; j < kPosPerThread; ++j) {
@@ -275,12 +274,9 @@ struct GradStager {
       for (int w = 0; w < KS; ++w) {
         uint32_t word, code;
         make_word<M>(lo[s][j][w], hi[s][j][w], plo[s][j][w], phi[s][j][w], word, code);
-        if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
         const int at = dst + (k * KS + w) * kPitch + hp;
         smem[at] = word;
-        if constexpr (M == Mode::kStrict) {
-          smem[at + kPitch * 8 * KS] = code;
-        } else if constexpr (ModeTraits<M>::kHalf) {
+        if constexpr (ModeTraits<M>::kHalf) {
           // bytes (phase lo << 2, phase hi << 2): code16_to_f16x2 makes the f16x2 codes of make_word from them
           (void)code;
           reinterpret_cast<uint16_t*>(smem + dst + kPitch * 8 * KS)[(k * KS + w) * kPitch + hp] =
@@ -309,10 +305,8 @@ struct GradStager {
 
 // acc += the staged chunk's products over the 8 shifts and their taps, while `next` stages the next unit: piece
 // si's loads before step si, its stores after step si + kDepth - 1. Everything but the thread's base addresses is a
-// compile-time constant once the loops are unrolled, so every shared-memory load has an immediate offset. SAFE
-// (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits skip their
-// finiteness handling.
-template <Mode M, int KS, bool SAFE>
+// compile-time constant once the loops are unrolled, so every shared-memory load has an immediate offset.
+template <Mode M, int KS>
 __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint32_t* __restrict__ sA,
                                            const uint32_t* __restrict__ sC, const uint32_t* __restrict__ sB,
                                            const int (&a_base)[kMT], int lane, GradStager<M, KS>& next) {
@@ -323,8 +317,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
     const int dd = s >> 2, dh = (s >> 1) & 1, dw = s & 1;
     // window q = i - delta
     const int a_off = -((dd * kHH + dh) * kHW + dw);
-    // Strict float32 keeps three parts of every operand, the 16-bit modes a code per word: their k-steps run one
-    // at a time to stay in registers.
+    // The 16-bit modes keep a code per word: their k-steps run one at a time to stay in registers.
     constexpr int kUnrollK = M == Mode::kTF32 ? KS : 1;
 #pragma unroll kUnrollK
     for (int ks = 0; ks < KS; ++ks) {
@@ -336,31 +329,11 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           a[i][r] = sA[o + offs[r]];
-          if constexpr (M == Mode::kStrict) {
-            code[i][r] = sC[o + offs[r]];
-          } else if constexpr (ModeTraits<M>::kHalf) {
+          if constexpr (ModeTraits<M>::kHalf) {
             code[i][r] = code16_to_f16x2(reinterpret_cast<const uint16_t*>(sC)[o + offs[r]]);
           }
         }
       }
-      // Strict float32: split the A words once per shift; the taps select among the parts.
-      uint32_t ah[kMT][4], al[kMT][4], ac[kMT][4];
-      if constexpr (M == Mode::kStrict) {
-#pragma unroll
-        for (int i = 0; i < kMT; ++i)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            if constexpr (SAFE) {
-              tf32_split_finite(a[i][r], ah[i][r], al[i][r]);
-              ac[i][r] = ah[i][r];
-            } else {
-              tf32_split(a[i][r], ah[i][r], al[i][r], ac[i][r]);
-            }
-          }
-      }
-      (void)ah;
-      (void)al;
-      (void)ac;
 #pragma unroll
       for (int bd = dd; bd <= 1; ++bd) {
 #pragma unroll
@@ -374,66 +347,20 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
             const uint32_t ph = static_cast<uint32_t>((bd * 2 + bh) * 2 + bw);
             const uint4 bv = *reinterpret_cast<const uint4*>(sB + ((tap * KS + ks) * 32 + lane) * 4);
             const uint32_t b[kNT][2] = {{bv.x, bv.y}, {bv.z, bv.w}};
-            if constexpr (M == Mode::kStrict) {
-              uint32_t bh_[kNT][2], bl_[kNT][2], bc_[kNT][2];
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt)
+            for (int i = 0; i < kMT; ++i) {
+              uint32_t m[4];
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                  if constexpr (SAFE) {
-                    tf32_split_finite(b[nt][r], bh_[nt][r], bl_[nt][r]);
-                    bc_[nt][r] = bh_[nt][r];
-                  } else {
-                    tf32_split(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
-                  }
+              for (int r = 0; r < 4; ++r) {
+                if constexpr (M == Mode::kTF32) {
+                  m[r] = keep_if_bit(a[i][r], 1u << ph);
+                } else {
+                  const uint32_t c16 = phase_code16(ph);
+                  m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
                 }
-#pragma unroll
-              for (int i = 0; i < kMT; ++i) {
-                uint32_t mh[4], ml[4], mc[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                  const bool take = code[i][r] == ph;
-                  mh[r] = take ? ah[i][r] : 0u;
-                  ml[r] = take ? al[i][r] : 0u;
-                  mc[r] = take ? ac[i][r] : 0u;
-                }
-                // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
-                // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
-                // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
-                // cuDNN's error.
-                // The column tiles interleave so that consecutive mma are independent.
-                float part[kNT][4];
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
               }
-            } else {
 #pragma unroll
-              for (int i = 0; i < kMT; ++i) {
-                uint32_t m[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                  if constexpr (M == Mode::kTF32) {
-                    m[r] = keep_if_bit(a[i][r], 1u << ph);
-                  } else {
-                    const uint32_t c16 = phase_code16(ph);
-                    m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
-                  }
-                }
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
-              }
+              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
             }
           }
         }
@@ -441,9 +368,6 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
     }
     constexpr int kLag = GradStager<M, KS>::kDepth - 1;
     if (si >= kLag) next.store(si - kLag);
-    // Strict float32: no shared-memory load of the next shift is hoisted above this one's mma (they would not
-    // fit in the registers).
-    if constexpr (M == Mode::kStrict) asm volatile("" ::: "memory");
   }
   next.finish();
 }
@@ -452,12 +376,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 // blockIdx.x + gridDim.x, ..., a unit (tile, chunk) at a time. When the weight spans at most two chunks it is
 // staged once (chunk c in buffer c); otherwise each unit's chunk is staged into buffer (unit & 1) at the start of
 // the previous unit.
-#ifndef GI_STRICT_MIN_BLOCKS
-#define GI_STRICT_MIN_BLOCKS 2
-#endif
 template <Mode M, int KS>
-__global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_BLOCKS : 2)
-    grad_input_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 2) grad_input_kernel(const Params p) {
+  static_assert(M != Mode::kStrict, "strict float32 has its own kernel (conv_post_pool_grad_input_fp32.cu)");
   using io_t = typename ModeTraits<M>::io_t;
   constexpr int g_base = kWeightBuffers<M, KS> * kWeightWords<KS>;
   uint32_t* const sW = smem;           // weight_buffers x kWeightWords
@@ -496,25 +417,15 @@ __global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_B
 
   // The first unit: its weight (or all of it) and its gradient, before any mma.
   GradStager<M, KS> stager;
-  bool w_unsafe = stage_weights<M, KS>(p, sW, ci0, 0);
-  if (resident && nchunks == 2) w_unsafe |= stage_weights<M, KS>(p, sW + kWeightWords<KS>, ci0, 1);
+  stage_weights<M, KS>(p, sW, ci0, 0);
+  if (resident && nchunks == 2) stage_weights<M, KS>(p, sW + kWeightWords<KS>, ci0, 1);
   {
     int n, d0, h0, w0;
     tile_of(static_cast<int>(blockIdx.x), n, d0, h0, w0);
     stager.setup(p, n_units > 0, n, d0, h0, w0, 0, g_base);
     stager.all();
   }
-  // Strict float32: whether the resident weight, and the current unit's staged words, may all take the simpler
-  // split (block-uniform; each also a barrier).
-  bool w_bad = false, bad = false;
-  if constexpr (M == Mode::kStrict) {
-    w_bad = __syncthreads_or(resident && w_unsafe);
-    bad = __syncthreads_or(stager.unsafe || (!resident && w_unsafe));
-  } else {
-    __syncthreads();
-  }
-  (void)w_bad;
-  (void)bad;
+  __syncthreads();
 
   float acc[kMT][kNT][4];
 #pragma unroll
@@ -530,9 +441,7 @@ __global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_B
     const bool has_next = u + 1 < n_units;
     const int c_next = c + 1 < nchunks ? c + 1 : 0;
     const int tile_next = c_next == 0 ? tile + static_cast<int>(gridDim.x) : tile;
-    bool next_w_unsafe = false;
-    if (!resident && has_next)
-      next_w_unsafe = stage_weights<M, KS>(p, sW + (buf ^ 1) * kWeightWords<KS>, ci0, c_next);
+    if (!resident && has_next) stage_weights<M, KS>(p, sW + (buf ^ 1) * kWeightWords<KS>, ci0, c_next);
     {
       int n, d0, h0, w0;
       tile_of(has_next ? tile_next : tile, n, d0, h0, w0);
@@ -540,15 +449,7 @@ __global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_B
     }
     const uint32_t* cur = sG + buf * kG;
     const uint32_t* w_cur = sW + (resident ? c : buf) * kWeightWords<KS>;
-    if constexpr (M == Mode::kStrict) {
-      if (!bad && !w_bad) {
-        accumulate<M, KS, true>(acc, cur, cur + kCodes, w_cur, a_base, lane, stager);
-      } else {
-        accumulate<M, KS, false>(acc, cur, cur + kCodes, w_cur, a_base, lane, stager);
-      }
-    } else {
-      accumulate<M, KS, false>(acc, cur, cur + kCodes, w_cur, a_base, lane, stager);
-    }
+    accumulate<M, KS>(acc, cur, cur + kCodes, w_cur, a_base, lane, stager);
 
     if (c == nchunks - 1) {
       // Stores through grad_input's strides, int64 offsets.
@@ -575,12 +476,7 @@ __global__ void __launch_bounds__(kThreads, M == Mode::kStrict ? GI_STRICT_MIN_B
       }
     }
     // The next unit's gradient (and weight) are in place and every read of this unit's buffers is done.
-    if constexpr (M == Mode::kStrict) {
-      bad = __syncthreads_or(stager.unsafe || next_w_unsafe);
-    } else {
-      (void)next_w_unsafe;
-      __syncthreads();
-    }
+    __syncthreads();
     tile = tile_next;
     c = c_next;
   }
