@@ -12,6 +12,7 @@ input gradient of conv_transpose3d; --check verifies that identity through autog
 --time    device time per call at the KernelBench size (CUDA-graph replays, median), beside cuDNN on Y.
 --profile one call per precision at the KernelBench size (for ncu).
 --sanitize small calls over every code path (for compute-sanitizer).
+Environment: GI_NVCC_FLAGS (extra nvcc flags, e.g. -D settings of a variant) and GI_NAME_SUFFIX (its module name).
 """
 from __future__ import annotations
 

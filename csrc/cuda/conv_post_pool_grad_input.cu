@@ -1,5 +1,6 @@
 // fused::launch_conv_post_pool_grad_input_cuda (contract in conv_post_pool_backward.h): the kernel parameters, the
-// chunk choice and the dispatch to the per-precision kernels (conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu).
+// chunk choice and the dispatch to the per-precision kernels (conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu;
+// TF32 has its own double-buffered kernel there, the others share conv_post_pool_grad_input.cuh's).
 #include "conv_post_pool_backward.h"
 
 #include "conv_post_pool_grad_input.cuh"
@@ -27,7 +28,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 // Instantiated in the per-precision files.
-extern template void launch_mode<Mode::kTF32>(const Params&, int, cudaStream_t);
+extern template void launch_mode<Mode::kStrict>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kBF16>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kFP16>(const Params&, int, cudaStream_t);
 
@@ -78,6 +79,7 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   p.PD = static_cast<int>(PD);
   p.PH = static_cast<int>(PH);
   p.PW = static_cast<int>(PW);
+  p.g_channels_last = Cout > 1 && grad_conv.stride(1) == 1;
   p.tiles_d = static_cast<int>(ceil_div(D, kTD));
   p.tiles_h = static_cast<int>(ceil_div(H, kTH));
   p.tiles_w = static_cast<int>(ceil_div(W, kTW));
@@ -89,23 +91,17 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cout is 0.
   const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
   const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8 or 16 k-words, so that two blocks fit a multiprocessor with their double-buffered gradient and
-  // their weight (conv_post_pool_grad_input.cuh, smem_bytes): TF32 (phases inside the staged words) takes 16
-  // whenever Cout needs more than 8 (two chunks of weight stay resident), the 16-bit modes 16 when that is all of
-  // Cout (one weight buffer). Strict float32 (single-buffered kernel) takes 16 past 8.
-  const int chunk_words = mode == Mode::kTF32 || mode == Mode::kStrict ? (padded > 8 ? 16 : 8)
-                                                                      : (padded == 16 ? 16 : 8);
+  // Chunks of 8 or 16 k-words: two blocks per multiprocessor (TF32's double buffers included).
+  const int chunk_words = padded <= 8 ? 8 : 16;
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
-  // The kernel decodes tile indices (below n_tiles plus one grid's width) in int.
-  TORCH_CHECK(p.n_tiles < (int64_t(1) << 30), "conv_post_pool grad_input: too many tiles for one launch: ", p.n_tiles);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();
   switch (mode) {
     case Mode::kTF32:
-      launch_mode<Mode::kTF32>(p, chunk_words, stream);
+      launch_tf32(p, chunk_words, stream);
       break;
     case Mode::kStrict:
-      launch_strict(p, chunk_words, stream);
+      launch_mode<Mode::kStrict>(p, chunk_words, stream);
       break;
     case Mode::kBF16:
       launch_mode<Mode::kBF16>(p, chunk_words, stream);
