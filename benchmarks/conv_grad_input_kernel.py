@@ -12,6 +12,7 @@ input gradient of conv_transpose3d; --check verifies that identity through autog
 --time    device time per call at the KernelBench size (CUDA-graph replays, median), beside cuDNN on Y.
 --profile one call per precision at the KernelBench size (for ncu).
 --sanitize small calls over every code path (for compute-sanitizer).
+Environment: GI_NVCC_FLAGS (extra nvcc flags, e.g. -D settings of a variant) and GI_NAME_SUFFIX (its module name).
 """
 from __future__ import annotations
 
@@ -71,9 +72,11 @@ def build(verbose=False):
         pass
     srcs = [os.path.join(ROOT, "benchmarks", "conv_grad_input_kernel_binding.cpp")]
     srcs += sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "conv_post_pool_grad_input*.cu")))
-    return cpp_extension.load(name="conv_grad_input_kernel_dev", sources=srcs, extra_include_paths=includes,
-                              extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo", "-Xptxas=-v"],
-                              verbose=verbose)
+    # GI_NVCC_FLAGS / GI_NAME_SUFFIX: a variant of the kernel (compile-time settings) built as its own module
+    flags = os.environ.get("GI_NVCC_FLAGS", "").split()
+    return cpp_extension.load(name="conv_grad_input_kernel_dev" + os.environ.get("GI_NAME_SUFFIX", ""), sources=srcs,
+                              extra_include_paths=includes, extra_cflags=["-O3"],
+                              extra_cuda_cflags=["-O3", "-lineinfo", "-Xptxas=-v"] + flags, verbose=verbose)
 
 
 # ---------------------------------------------------------------------------------------------------------------

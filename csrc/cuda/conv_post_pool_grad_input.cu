@@ -1,5 +1,6 @@
 // fused::launch_conv_post_pool_grad_input_cuda (contract in conv_post_pool_backward.h): the kernel parameters, the
-// chunk choice and the dispatch to the per-precision kernels (conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu).
+// chunk choice and the dispatch to the per-precision kernels (conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu;
+// TF32 has its own double-buffered kernel there, the others share conv_post_pool_grad_input.cuh's).
 #include "conv_post_pool_backward.h"
 
 #include "conv_post_pool_grad_input.cuh"
@@ -27,7 +28,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 // Instantiated in the per-precision files.
-extern template void launch_mode<Mode::kTF32>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kStrict>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kBF16>(const Params&, int, cudaStream_t);
 extern template void launch_mode<Mode::kFP16>(const Params&, int, cudaStream_t);
@@ -91,15 +91,14 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cout is 0.
   const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
   const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8, 16 or (TF32, whose phases ride in the staged words) 32 k-words: two blocks per multiprocessor.
-  const int64_t max_chunk = mode == Mode::kTF32 ? 32 : 16;
-  const int chunk_words = static_cast<int>(padded <= 8 ? 8 : padded <= 16 ? 16 : max_chunk);
+  // Chunks of 8 or 16 k-words: two blocks per multiprocessor (TF32's double buffers included).
+  const int chunk_words = padded <= 8 ? 8 : 16;
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();
   switch (mode) {
     case Mode::kTF32:
-      launch_mode<Mode::kTF32>(p, chunk_words, stream);
+      launch_tf32(p, chunk_words, stream);
       break;
     case Mode::kStrict:
       launch_mode<Mode::kStrict>(p, chunk_words, stream);

@@ -10,6 +10,9 @@
 // (one compare and one select per word) before the mma. Masked-out words are zeros that still multiply the
 // weight, as a convolution over the scattered full-resolution gradient (zero-padded) multiplies its zeros: an
 // infinite or NaN weight makes NaN wherever that convolution would.
+//
+// This header holds the single-buffered kernel of strict float32, bf16 and fp16 (a block stages a chunk,
+// synchronises, runs its mma) and what TF32's double-buffered kernel (conv_post_pool_grad_input_tf32.cu) shares.
 #pragma once
 
 #include "conv_post_pool_mma.cuh"
@@ -42,11 +45,11 @@ constexpr int kBlockN = 8 * kNT;
 static_assert(kWarps * kMT == (kTD * kTH / 2), "one row tile per (d, h pair) of the block tile");
 static_assert(kTW == 8, "a row tile holds 8 w positions per h row");
 
-// TF32 keeps the phase in the three low bits of each staged word (TF32 rounding clears the low 13); the other
-// modes keep a second word per staged word: the phase (strict float32) or the two phases as f16 values (16-bit
-// modes, compared by one f16x2 set.eq).
+// These modes keep a second word per staged word: the phase (strict float32) or the two phases as f16 values
+// (16-bit modes, compared by one f16x2 set.eq). (TF32, which keeps the phase inside the staged word, has its own
+// double-buffered kernel: conv_post_pool_grad_input_tf32.cu.)
 template <Mode M>
-constexpr bool kSeparateCodes = M != Mode::kTF32;
+constexpr bool kSeparateCodes = true;
 
 template <Mode M>
 constexpr size_t smem_words(int chunk_words) {
@@ -94,11 +97,8 @@ __device__ __forceinline__ uint32_t load_if(bool ok, const float* ptr) {
 template <Mode M>
 __device__ __forceinline__ void make_word(uint32_t lo, uint32_t hi, uint32_t plo, uint32_t phi, uint32_t& word,
                                           uint32_t& code) {
-  if constexpr (M == Mode::kTF32) {
-    // (clearing bits 0..2 of a TF32 value changes nothing; a NaN stays NaN)
-    word = (tf32_round(__uint_as_float(lo)) & ~7u) | (plo & 7u);
-    code = 0u;
-  } else if constexpr (M == Mode::kStrict) {
+  static_assert(M != Mode::kTF32, "TF32 stages one-hot words (conv_post_pool_grad_input_tf32.cu)");
+  if constexpr (M == Mode::kStrict) {
     word = lo;
     code = plo & 7u;
   } else {
@@ -294,14 +294,8 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
         const int offs[4] = {0, kHW, 4 * kPitch, 4 * kPitch + kHW};
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const uint32_t word = sA[o + offs[r]];
-          if constexpr (M == Mode::kTF32) {
-            code[i][r] = word & 7u;
-            a[i][r] = word & ~7u;
-          } else {
-            a[i][r] = word;
-            code[i][r] = sC[o + offs[r]];
-          }
+          a[i][r] = sA[o + offs[r]];
+          code[i][r] = sC[o + offs[r]];
         }
       }
       // Strict float32: split the A words once per shift; the taps select among the parts.
@@ -385,12 +379,8 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
                 uint32_t m[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
-                  if constexpr (M == Mode::kTF32) {
-                    m[r] = code[i][r] == ph ? a[i][r] : 0u;
-                  } else {
-                    const uint32_t c16 = phase_code16(ph);
-                    m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
-                  }
+                  const uint32_t c16 = phase_code16(ph);
+                  m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
                 }
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
@@ -530,24 +520,23 @@ void launch_one(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Dispatch on the chunk size (k-words: 8, 16, or 32 for TF32); instantiated per precision in
-// conv_post_pool_grad_input_{tf32,fp32,bf16,fp16}.cu so that they compile in parallel.
+// Dispatch on the chunk size (k-words: 8 or 16); instantiated per precision in
+// conv_post_pool_grad_input_{fp32,bf16,fp16}.cu so that they compile in parallel.
 template <Mode M>
 void launch_mode(const Params& p, int chunk_words, cudaStream_t stream) {
+  static_assert(M != Mode::kTF32, "TF32 takes launch_tf32");
   switch (chunk_words) {
     case 8:
       return launch_one<M, 1>(p, stream);
     case 16:
       return launch_one<M, 2>(p, stream);
     default:
-      if constexpr (M == Mode::kTF32) {
-        TORCH_INTERNAL_ASSERT(chunk_words == 32);
-        return launch_one<M, 4>(p, stream);
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "chunk of ", chunk_words, " k-words");
-      }
+      TORCH_INTERNAL_ASSERT(false, "chunk of ", chunk_words, " k-words");
   }
 }
+
+// TF32 (conv_post_pool_grad_input_tf32.cu: the double-buffered kernel; chunks of 8 or 16 k-words).
+void launch_tf32(const Params& p, int chunk_words, cudaStream_t stream);
 
 }  // namespace grad_input
 }  // namespace conv_pool
