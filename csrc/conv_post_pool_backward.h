@@ -42,6 +42,9 @@ void launch_conv_post_pool_grad_conv_cuda(const at::Tensor& grad_out, const at::
 // output 2 i - 1 + k: tap 1 is phase 0 of window i, tap 2 phase 1 of window i, tap 0 phase 1 of window i - 1.
 // grad_conv and offsets: the same strides (contiguous or channels_last_3d); input contiguous or channels_last_3d;
 // grad_weight [Cin, Cout, 3, 3, 3], any strides (written through them).
+// Whether the current device has the shared memory per block the grad_weight kernel needs for grad_conv's dtype
+// (float32: ~148 KB, more than GPUs of compute capability 8.6/8.9 allow); where not, the composite runs.
+bool conv_post_pool_grad_weight_cuda_fits(const at::Tensor& grad_conv);
 void launch_conv_post_pool_grad_weight_cuda(const at::Tensor& grad_conv, const at::Tensor& offsets,
                                             const at::Tensor& input, std::array<int64_t, 3> output_padding,
                                             bool allow_tf32, const at::Tensor& grad_weight);

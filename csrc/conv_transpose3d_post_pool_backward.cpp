@@ -248,7 +248,7 @@ at::Tensor grad_weight_op(const at::Tensor& grad_conv, const at::Tensor& offsets
   if (grad_weight.numel() == 0) return grad_weight;
   if (grad_conv.numel() == 0) return grad_weight.zero_();  // an empty sum
 #ifdef WITH_CUDA
-  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type())) {
+  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type()) && conv_post_pool_grad_weight_cuda_fits(grad_conv)) {
     const auto [gc, off] = kernel_pair(grad_conv, offsets);
     launch_conv_post_pool_grad_weight_cuda(gc, off, dense(input), o, conv_allows_tf32(), grad_weight);
     return grad_weight;

@@ -72,6 +72,16 @@ void launch(WeightGradParams& p, int ci_tiles, int co_tiles, const at::Tensor& g
 }  // namespace
 }  // namespace conv_grad
 
+bool conv_post_pool_grad_weight_cuda_fits(const at::Tensor& grad_conv) {
+  using namespace conv_grad;
+  // The float32 modes share one layout, as do the 16-bit ones.
+  const size_t smem = grad_conv.scalar_type() == at::kFloat ? Smem<Mode::kTF32>::kBytes : Smem<Mode::kBF16>::kBytes;
+  int device = 0, smem_optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return static_cast<size_t>(smem_optin) >= smem;
+}
+
 void launch_conv_post_pool_grad_weight_cuda(const at::Tensor& grad_conv, const at::Tensor& offsets,
                                             const at::Tensor& input, std::array<int64_t, 3> output_padding,
                                             bool allow_tf32, const at::Tensor& grad_weight) {
