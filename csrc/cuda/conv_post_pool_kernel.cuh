@@ -12,8 +12,9 @@
 // Only pooled tensors reach global memory.
 //
 // Blocks are persistent: each stages the weight of its 32 output channels once (when Cin fits one chunk) and
-// walks the tiles blockIdx.x, blockIdx.x + gridDim.x, ...; per tile it stages the input halo and computes the 8
-// phases. Two blocks per multiprocessor overlap one block's staging with the other's math.
+// walks the tiles blockIdx.x, blockIdx.x + gridDim.x, ...; per tile it computes the 8 phases from the staged input
+// halo. Where one chunk holds Cin (kPipelined), the next tile's halo is loaded into a second buffer slice by slice
+// during the current tile's phases; otherwise each tile stages its halo first. Two blocks per multiprocessor.
 #pragma once
 
 #include "conv_post_pool_stage.cuh"
