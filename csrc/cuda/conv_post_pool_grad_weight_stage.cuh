@@ -3,58 +3,16 @@
 #pragma once
 
 #include "conv_post_pool_grad_weight_params.cuh"
+#include "conv_post_pool_tiles.cuh"
 
 #include <cstdint>
 
 namespace fused {
 namespace conv_grad {
 
-// The K tile's position: batch n and its first pooled position.
-struct TileOrigin {
-  int n, qd0, qh0, qw0;
-};
+// The K tile's position (conv_post_pool_tiles.cuh).
 __device__ __forceinline__ TileOrigin tile_origin(const WeightGradParams& p, int64_t tile) {
-  TileOrigin o;
-  if (p.n_tiles <= INT32_MAX) {  // 32-bit divisions (64-bit ones are a call each)
-    uint32_t rem = static_cast<uint32_t>(tile);
-    const uint32_t tw = p.tiles_w, th = p.tiles_h, td = p.tiles_d;
-    uint32_t q = rem / tw;
-    o.qw0 = static_cast<int>(rem - q * tw) * kTW;
-    rem = q;
-    q = rem / th;
-    o.qh0 = static_cast<int>(rem - q * th) * kTH;
-    rem = q;
-    q = rem / td;
-    o.qd0 = static_cast<int>(rem - q * td) * kTD;
-    o.n = static_cast<int>(q);
-  } else {
-    int64_t rem = tile;
-    o.qw0 = static_cast<int>(rem % p.tiles_w) * kTW;
-    rem /= p.tiles_w;
-    o.qh0 = static_cast<int>(rem % p.tiles_h) * kTH;
-    rem /= p.tiles_h;
-    o.qd0 = static_cast<int>(rem % p.tiles_d) * kTD;
-    o.n = static_cast<int>(rem / p.tiles_d);
-  }
-  return o;
-}
-
-// Loads whose issue order the compiler keeps (volatile asm is not moved across the mma asm): the next tile's
-// loads are issued before this tile's products and their latency hides behind them.
-__device__ __forceinline__ uint32_t ld_u32(const void* ptr) {
-  uint32_t v;
-  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_u16(const void* ptr) {
-  uint16_t v;
-  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_u8(const void* ptr) {
-  uint16_t v;
-  asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(v) : "l"(ptr));
-  return v;
+  return decode_tile(tile, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, kTD, kTH, kTW);
 }
 
 // Staging of one tile by one thread. Every tensor is contiguous (the launcher makes it
@@ -112,11 +70,11 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
         const bool ok = row_ok && j_ok[j];
         const int64_t e = e0 + j * jstep;
         if constexpr (kHalf) {
-          r.g[u] = ok ? ld_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
+          r.g[u] = ok ? ld_pinned_u16(static_cast<const uint16_t*>(p.gc) + e) : 0u;
         } else {
-          r.g[u] = ok ? ld_u32(static_cast<const float*>(p.gc) + e) : 0u;
+          r.g[u] = ok ? ld_pinned_u32(static_cast<const float*>(p.gc) + e) : 0u;
         }
-        r.off[u] = ok ? ld_u8(p.off + e) : 8u;
+        r.off[u] = ok ? ld_pinned_u8(p.off + e) : 8u;
       }
     }
   }
@@ -130,7 +88,7 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
                       (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
     for (int u = 0; u < 16; ++u) {
-      r.x[u] = pos_ok && u < nci ? ld_u32(xp) : 0u;
+      r.x[u] = pos_ok && u < nci ? ld_pinned_u32(xp) : 0u;
       xp += plane;
     }
   } else {
@@ -145,8 +103,8 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
                            (static_cast<int64_t>(d) * p.H + h) * p.W + w;
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        r.x[2 * u] = w0_ok && 2 * u < nci ? ld_u16(xp) : 0u;
-        r.x[2 * u + 1] = w1_ok && 2 * u < nci ? ld_u16(xp + 1) : 0u;
+        r.x[2 * u] = w0_ok && 2 * u < nci ? ld_pinned_u16(xp) : 0u;
+        r.x[2 * u + 1] = w1_ok && 2 * u < nci ? ld_pinned_u16(xp + 1) : 0u;
         xp += 2 * plane;
       }
     }
@@ -154,7 +112,7 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
       const int ci = tid / kHaloRows, row = tid % kHaloRows;
       const int d = o.qd0 + row / kHH, h = o.qh0 + row % kHH, w = o.qw0 + kTW;
       const bool ok = tid < kBM * kHaloRows && ci0 + ci < p.Cin && d < p.D && h < p.H && w < p.W;
-      r.x[16] = ok ? ld_u16(x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + ci) * plane +
+      r.x[16] = ok ? ld_pinned_u16(x16 + (static_cast<int64_t>(o.n) * p.Cin + ci0 + ci) * plane +
                             (static_cast<int64_t>(d) * p.H + h) * p.W + w)
                    : 0u;
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "conv_post_pool_params.cuh"
+#include "conv_post_pool_tiles.cuh"
 #include "post_pool.h"
 
 #include <cstdint>
@@ -24,18 +25,6 @@ __device__ __forceinline__ int phase_tap(int ed, int eh, int ew, int td, int th,
   return kd * 9 + kh * 3 + kw;
 }
 
-// Global loads the compiler keeps in program order with the (volatile) mma: a prefetch issued before a phase's
-// math then stays there instead of being hoisted over the tile, which would hold every prefetched word in registers.
-__device__ __forceinline__ float ld_pinned(const float* ptr) {
-  float v;
-  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_pinned(const uint16_t* ptr) {
-  unsigned short v;
-  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
-  return v;
-}
 // One k-word (chunk-relative `kw`) of tensor `base` with channel stride `sc`, as the mma wants it; returns
 // false when a real element is not finite.
 template <Mode M, typename Index>
@@ -204,35 +193,9 @@ __device__ bool stage_input_rows(const Params& p, uint32_t* __restrict__ sA, int
   return unsafe_words;
 }
 
-// The pooled tile a block computes: batch index and the first pooled (d, h, w).
-struct alignas(16) TileOrigin {
-  int n, qd0, qh0, qw0;
-};
-
-// Tile `tile` of the grid, in (n, d, h, w) order with w fastest. 32-bit division where the tile count allows it
-// (a 64-bit division is a long software routine, paid per tile).
+// Tile `tile` of the grid (conv_post_pool_tiles.cuh).
 __device__ __forceinline__ TileOrigin tile_origin(const Params& p, int64_t tile, int tile_d) {
-  TileOrigin o;
-  if (p.n_tiles <= 0x7fffffff) {
-    uint32_t rem = static_cast<uint32_t>(tile);
-    const uint32_t tw = static_cast<uint32_t>(p.tiles_w), th = static_cast<uint32_t>(p.tiles_h);
-    const uint32_t td = static_cast<uint32_t>(p.tiles_d);
-    o.qw0 = static_cast<int>(rem % tw) * kTileW;
-    rem /= tw;
-    o.qh0 = static_cast<int>(rem % th) * kTileH;
-    rem /= th;
-    o.qd0 = static_cast<int>(rem % td) * tile_d;
-    o.n = static_cast<int>(rem / td);
-  } else {
-    int64_t rem = tile;
-    o.qw0 = static_cast<int>(rem % p.tiles_w) * kTileW;
-    rem /= p.tiles_w;
-    o.qh0 = static_cast<int>(rem % p.tiles_h) * kTileH;
-    rem /= p.tiles_h;
-    o.qd0 = static_cast<int>(rem % p.tiles_d) * tile_d;
-    o.n = static_cast<int>(rem / p.tiles_d);
-  }
-  return o;
+  return decode_tile(tile, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, tile_d, kTileH, kTileW);
 }
 
 // The halo words of one chunk that one thread stages, numbered as "items" so that a tile's staging can be split
@@ -316,11 +279,11 @@ __device__ __forceinline__ void halo_item_raw(const Params& p, const TileOrigin&
   if (d >= p.D || h >= p.H || w >= p.W) return;
   const int64_t at = static_cast<int64_t>(o.n) * p.sx[0] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
   if constexpr (!ModeTraits<M>::kHalf) {
-    if (kl < p.Cin) raw[0] = __float_as_uint(ld_pinned(static_cast<const float*>(p.x) + (at + kl * p.sx[1])));
+    if (kl < p.Cin) raw[0] = __float_as_uint(ld_pinned_f32(static_cast<const float*>(p.x) + (at + kl * p.sx[1])));
   } else {
     const uint16_t* p16 = static_cast<const uint16_t*>(p.x);
-    if (2 * kl < p.Cin) raw[0] = ld_pinned(p16 + (at + 2 * kl * p.sx[1]));
-    if (2 * kl + 1 < p.Cin) raw[1] = ld_pinned(p16 + (at + (2 * kl + 1) * p.sx[1]));
+    if (2 * kl < p.Cin) raw[0] = ld_pinned_u16(p16 + (at + 2 * kl * p.sx[1]));
+    if (2 * kl + 1 < p.Cin) raw[1] = ld_pinned_u16(p16 + (at + (2 * kl + 1) * p.sx[1]));
   }
 }
 
