@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace fused {
 namespace conv_pool {
@@ -28,6 +29,36 @@ void copy_strides(const at::Tensor& t, int64_t (&s)[5]) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Shared memory per block of the instantiation (mode M, mt row tiles, chunk_words k-words) that launch_mode runs.
+template <Mode M>
+size_t kernel_smem(int mt, int chunk_words) {
+  const auto one = [&](auto mt_c) {
+    constexpr int MT = decltype(mt_c)::value;
+    switch (chunk_words) {
+      case 8:
+        return smem_bytes<MT>(8, kPipelined<M, MT, 1> ? 2 : 1);
+      case 16:
+        return smem_bytes<MT>(16, kPipelined<M, MT, 2> ? 2 : 1);
+      default:
+        return smem_bytes<MT>(kMaxChunkWords, kPipelined<M, MT, kMaxChunkWords / 8> ? 2 : 1);
+    }
+  };
+  return mt == 2 ? one(std::integral_constant<int, 2>{}) : one(std::integral_constant<int, 1>{});
+}
+
+size_t kernel_smem(Mode mode, int mt, int chunk_words) {
+  switch (mode) {
+    case Mode::kTF32:
+      return kernel_smem<Mode::kTF32>(mt, chunk_words);
+    case Mode::kStrict:
+      return kernel_smem<Mode::kStrict>(mt, chunk_words);
+    case Mode::kBF16:
+      return kernel_smem<Mode::kBF16>(mt, chunk_words);
+    default:
+      return kernel_smem<Mode::kFP16>(mt, chunk_words);
+  }
+}
 
 }  // namespace
 }  // namespace conv_pool
@@ -112,6 +143,14 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   int mt = positions >= int64_t(2) * TileShape<2>::kPositions * sms && mode != Mode::kTF32 ? 2 : 1;
   if (mt_override() == 1 || mt_override() == 2) mt = mt_override();
   if (train) mt = 1;  // the training kernels hold one row tile per warp (conv_post_pool_kernel.cuh)
+  // GPUs with less shared memory per block than Hopper's and A100's 227 / 163 KB (compute capability 8.6 and 8.9
+  // allow 99 KB) take one row tile where two do not fit; what still does not fit is refused clearly.
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (mt == 2 && kernel_smem(mode, 2, p.chunk_words) > static_cast<size_t>(smem_optin)) mt = 1;
+  TORCH_CHECK(kernel_smem(mode, mt, p.chunk_words) <= static_cast<size_t>(smem_optin),
+              "conv_transpose3d_post_pool: the fused CUDA kernel needs ", kernel_smem(mode, mt, p.chunk_words),
+              " bytes of shared memory per block for ", Cin, " input channels; this GPU allows ", smem_optin);
   const int tile_d = mt == 2 ? TileShape<2>::kTD : TileShape<1>::kTD;
   p.tiles_d = static_cast<int>(ceil_div(PD, tile_d));
   p.tiles_h = static_cast<int>(ceil_div(PH, kTileH));
