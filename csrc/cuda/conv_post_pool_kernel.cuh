@@ -136,7 +136,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
   constexpr bool kPipe = kPipelined<M, MT, KS>;
   constexpr int kHalos = kPipe ? 2 : 1;
   constexpr int kHaloWords = TS::kPitch * kChunkWords;
-  // Only the largest chunk size can take several chunks (the launcher's chunk choice).
+  // Only the largest chunk size can take several chunks (the launcher's chunk choice), so the others leave the
+  // per-chunk staging out of the phase loop; strict float32 keeps it at every size (without it, its register
+  // allocation spilled several times more).
   constexpr bool kMayChunk = KS == kMaxChunkWords / 8 || M == Mode::kStrict;
   extern __shared__ __align__(16) uint32_t smem[];
   uint32_t* sB = smem;
