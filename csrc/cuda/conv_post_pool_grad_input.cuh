@@ -270,6 +270,27 @@ __device__ bool stage_grad_planar(const Params& p, uint32_t* __restrict__ sA, ui
   return unsafe;
 }
 
+// Tap of the window neighbour (bd, bh, bw) at shift (dd, dh, dw) (each bd >= dd), and the phase of that
+// neighbour's window that reaches it: per dim, shift 1 takes tap 0 of window i - 1; shift 0 takes tap 1 of window i
+// (phase bit 0) and tap 2 (phase bit 1).
+__device__ __forceinline__ constexpr int shift_tap(int dd, int dh, int dw, int bd, int bh, int bw) {
+  return ((dd ? 0 : (bd ? 2 : 1)) * 3 + (dh ? 0 : (bh ? 2 : 1))) * 3 + (dw ? 0 : (bw ? 2 : 1));
+}
+__device__ __forceinline__ constexpr uint32_t shift_phase(int bd, int bh, int bw) {
+  return static_cast<uint32_t>((bd * 2 + bh) * 2 + bw);
+}
+
+// The lane's B fragments of both column tiles for `tap` and k-step `ks` (stage_weights' order): one 16-byte load.
+template <int KS>
+__device__ __forceinline__ void load_b(const uint32_t* __restrict__ sB, int tap, int ks, int lane,
+                                       uint32_t (&b)[kNT][2]) {
+  const uint4 bv = *reinterpret_cast<const uint4*>(sB + ((tap * KS + ks) * 32 + lane) * 4);
+  b[0][0] = bv.x;
+  b[0][1] = bv.y;
+  b[1][0] = bv.z;
+  b[1][1] = bv.w;
+}
+
 // acc += the staged chunk's products over the 8 shifts and their taps. Everything but the thread's base
 // addresses is a compile-time constant once the loops are unrolled, so every shared-memory load has an immediate
 // offset. SAFE (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits
@@ -322,13 +343,10 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
         for (int bh = dh; bh <= 1; ++bh) {
 #pragma unroll
           for (int bw = dw; bw <= 1; ++bw) {
-            const int kd = dd ? 0 : (bd ? 2 : 1);
-            const int kh = dh ? 0 : (bh ? 2 : 1);
-            const int kx = dw ? 0 : (bw ? 2 : 1);
-            const int tap = (kd * 3 + kh) * 3 + kx;
-            const uint32_t ph = static_cast<uint32_t>((bd * 2 + bh) * 2 + bw);
-            const uint4 bv = *reinterpret_cast<const uint4*>(sB + ((tap * KS + ks) * 32 + lane) * 4);
-            const uint32_t b[kNT][2] = {{bv.x, bv.y}, {bv.z, bv.w}};
+            const int tap = shift_tap(dd, dh, dw, bd, bh, bw);
+            const uint32_t ph = shift_phase(bd, bh, bw);
+            uint32_t b[kNT][2];
+            load_b<KS>(sB, tap, ks, lane, b);
             if constexpr (M == Mode::kStrict) {
               uint32_t bh_[kNT][2], bl_[kNT][2], bc_[kNT][2];
 #pragma unroll

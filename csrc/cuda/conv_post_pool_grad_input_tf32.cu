@@ -174,13 +174,10 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
         for (int bh = dh; bh <= 1; ++bh) {
 #pragma unroll
           for (int bw = dw; bw <= 1; ++bw) {
-            const int kd = dd ? 0 : (bd ? 2 : 1);
-            const int kh = dh ? 0 : (bh ? 2 : 1);
-            const int kx = dw ? 0 : (bw ? 2 : 1);
-            const int tap = (kd * 3 + kh) * 3 + kx;
-            const uint32_t ph = static_cast<uint32_t>((bd * 2 + bh) * 2 + bw);
-            const uint4 bv = *reinterpret_cast<const uint4*>(sB + ((tap * KS + ks) * 32 + lane) * 4);
-            const uint32_t b[kNT][2] = {{bv.x, bv.y}, {bv.z, bv.w}};
+            const int tap = shift_tap(dd, dh, dw, bd, bh, bw);
+            const uint32_t ph = shift_phase(bd, bh, bw);
+            uint32_t b[kNT][2];
+            load_b<KS>(sB, tap, ks, lane, b);
 #pragma unroll
             for (int i = 0; i < kMT; ++i) {
               uint32_t m[4];
