@@ -403,7 +403,7 @@ int blocks_per_sm(size_t smem) {
 
 template <Mode M, int MT, bool TRAIN, int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
-  const size_t smem = smem_bytes<MT>(8 * KS, kPipelined<M, MT, KS> ? 2 : 1);
+  const size_t smem = kKernelSmem<M, MT, KS>;
   auto kernel = conv_t3d_post_pool_kernel<M, MT, TRAIN, KS>;
   // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -12,7 +12,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
 
 namespace fused {
 namespace conv_pool {
@@ -31,20 +30,20 @@ void copy_strides(const at::Tensor& t, int64_t (&s)[5]) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Shared memory per block of the instantiation (mode M, mt row tiles, chunk_words k-words) that launch_mode runs.
+template <Mode M, int MT>
+size_t kernel_smem(int chunk_words) {
+  switch (chunk_words) {
+    case 8:
+      return kKernelSmem<M, MT, 1>;
+    case 16:
+      return kKernelSmem<M, MT, 2>;
+    default:
+      return kKernelSmem<M, MT, kMaxChunkWords / 8>;
+  }
+}
 template <Mode M>
 size_t kernel_smem(int mt, int chunk_words) {
-  const auto one = [&](auto mt_c) {
-    constexpr int MT = decltype(mt_c)::value;
-    switch (chunk_words) {
-      case 8:
-        return smem_bytes<MT>(8, kPipelined<M, MT, 1> ? 2 : 1);
-      case 16:
-        return smem_bytes<MT>(16, kPipelined<M, MT, 2> ? 2 : 1);
-      default:
-        return smem_bytes<MT>(kMaxChunkWords, kPipelined<M, MT, kMaxChunkWords / 8> ? 2 : 1);
-    }
-  };
-  return mt == 2 ? one(std::integral_constant<int, 2>{}) : one(std::integral_constant<int, 1>{});
+  return mt == 2 ? kernel_smem<M, 2>(chunk_words) : kernel_smem<M, 1>(chunk_words);
 }
 
 size_t kernel_smem(Mode mode, int mt, int chunk_words) {

@@ -50,6 +50,10 @@ template <Mode M, int MT, int KS>
 constexpr bool kPipelined = M != Mode::kStrict && KS < kMaxChunkWords / 8 &&
                             2 * (smem_bytes<MT>(8 * KS, 2) + 1024) <= 228 * 1024;
 
+// Shared memory per block of the instantiation (M, MT, KS).
+template <Mode M, int MT, int KS>
+constexpr size_t kKernelSmem = smem_bytes<MT>(8 * KS, kPipelined<M, MT, KS> ? 2 : 1);
+
 struct Params {
   const void* x;
   const void* w;
