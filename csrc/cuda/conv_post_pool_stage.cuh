@@ -199,22 +199,25 @@ __device__ __forceinline__ TileOrigin tile_origin(const Params& p, int64_t tile,
 }
 
 // The halo words of one chunk that one thread stages, numbered as "items" so that a tile's staging can be split
-// into slices issued while the previous tile computes. Two orders, as stage_input_rows and stage_input: for an
-// input whose w stride is not 1 in channels, rows (k, hd, hh) of the halo with 16 lanes per row over its first
-// kTileW positions (coalesced in w), then the last column; for channels_last, consecutive (position, k) words.
+// into slices issued while the previous tile computes. Thread tid owns halo positions tid + kThreads * j (j <
+// kPositions) and stages all k-words of each: item k is k-word k % kWords of its position k / kWords. Per slice a
+// thread decodes its position once and steps through channels by their stride, and the shared-memory index is the
+// position plus a constant per k-word (an immediate offset), so an item costs a few instructions beyond its load.
+// Consecutive threads hold consecutive positions: coalesced in w for NCDHW-like inputs; for channels_last a
+// thread's k-words are consecutive in memory (served from L1 after the first).
 template <int MT, int KS>
 struct HaloItems {
   using TS = TileShape<MT>;
   static constexpr int kWords = 8 * KS;
-  static constexpr int kRowsPerWord = TS::kHD * TS::kHH;
-  static constexpr int kRows = kWords * kRowsPerWord;
-  static constexpr int kRowIters = (kRows + 15) / 16;  // 16 rows per pass of kThreads / 16 lanes
-  static constexpr int kRowItems = kRowIters + (kRows + kThreads - 1) / kThreads;
-  static constexpr int kFlatItems = (kWords * TS::kHalo + kThreads - 1) / kThreads;
-  static constexpr int kItems = kRowItems > kFlatItems ? kRowItems : kFlatItems;
+  static constexpr int kPositions = (TS::kHalo + kThreads - 1) / kThreads;
+  static constexpr int kItems = kPositions * kWords;
   // Items per slice when a tile's staging is spread over its 8 phases.
   static constexpr int kPerSlice = (kItems + 7) / 8;  // at least the largest slice_begin difference
 };
+
+// First item of slice `ph` of 8 (slice 8 = the end).
+template <typename HI>
+__device__ __forceinline__ constexpr int slice_begin(int ph) { return ph * HI::kItems / 8; }
 
 // threadIdx.x read where it is used: what is computed from it cannot be hoisted out of the tile loop, where it
 // would occupy registers (or spill) for the whole loop to save a few integer instructions per item.
@@ -224,66 +227,35 @@ __device__ __forceinline__ int tid_here() {
   return t;
 }
 
-// Where item `k` of this thread goes in the halo: (k-word, hd, hh, hw), or false when the item does not exist.
-// It does not depend on the tile, so a slice keeps only its words and recomputes this at its store.
-template <int MT, int KS>
-__device__ __forceinline__ bool halo_place(const Params& p, int k, int& kl, int& hd, int& hh, int& hw) {
+// Element offset in x of halo position hp of the tile at `o` (k-word 0), or -1 where it lies outside the input
+// (its words are zero: the convolution's missing neighbour q + 1, the tile's overhang).
+template <int MT>
+__device__ __forceinline__ int64_t halo_base(const Params& p, const TileOrigin& o, int hp) {
   using TS = TileShape<MT>;
-  using HI = HaloItems<MT, KS>;
-  const int tid = tid_here();
-  if (!p.x_channels_last) {
-    int r;
-    if (k < HI::kRowIters) {
-      r = (tid >> 4) + 16 * k;
-      hw = tid & 15;
-    } else {
-      r = tid + kThreads * (k - HI::kRowIters);
-      hw = kTileW;
-    }
-    if (k >= HI::kRowItems || r >= HI::kRows) return false;
-    kl = r / HI::kRowsPerWord;
-    const int rr = r - kl * HI::kRowsPerWord;
-    hd = rr / TS::kHH;
-    hh = rr - hd * TS::kHH;
-  } else {
-    const int i = tid + kThreads * k;
-    if (i >= HI::kWords * TS::kHalo) return false;
-    kl = i % HI::kWords;
-    const int hp = i / HI::kWords;
-    hd = hp / (TS::kHH * TS::kHW);
-    const int hr = hp - hd * (TS::kHH * TS::kHW);
-    hh = hr / TS::kHW;
-    hw = hr - hh * TS::kHW;
-  }
-  return true;
+  const int hd = hp / (TS::kHH * TS::kHW);
+  const int hr = hp - hd * (TS::kHH * TS::kHW);
+  const int hh = hr / TS::kHW;
+  const int hw = hr - hh * TS::kHW;
+  const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
+  if (d >= p.D || h >= p.H || w >= p.W) return -1;
+  return static_cast<int64_t>(o.n) * p.sx[0] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
 }
 
-// First item of slice `ph` of 8 (slice 8 = the end).
-template <typename HI>
-__device__ __forceinline__ constexpr int slice_begin(int ph) { return ph * HI::kItems / 8; }
-
-// The raw bits of item `k` of this thread for the tile at `o` (chunk 0), zero outside the input as in
-// stage_input: one float32, or the two 16-bit channels of a k-word. Only loads: the conversion to the mma's word
-// (word_of_raw) waits for them, so it is done where the word is stored.
+// The raw bits of k-word `kl` at element offset `at` (halo_base): one float32, or the two 16-bit channels of the
+// word; zero past Cin. Only loads: the conversion to the mma's word (word_of_raw) waits for them.
 template <Mode M>
 constexpr int kRawPerWord = ModeTraits<M>::kHalf ? 2 : 1;
 
-template <Mode M, int MT, int KS>
-__device__ __forceinline__ void halo_item_raw(const Params& p, const TileOrigin& o, int k,
-                                              uint32_t (&raw)[kRawPerWord<M>]) {
+template <Mode M>
+__device__ __forceinline__ void halo_word_raw(const Params& p, int64_t at, int kl, uint32_t (&raw)[kRawPerWord<M>]) {
 #pragma unroll
   for (int r = 0; r < kRawPerWord<M>; ++r) raw[r] = 0u;
-  int kl, hd, hh, hw;
-  if (!halo_place<MT, KS>(p, k, kl, hd, hh, hw)) return;
-  const int d = o.qd0 + hd, h = o.qh0 + hh, w = o.qw0 + hw;
-  if (d >= p.D || h >= p.H || w >= p.W) return;
-  const int64_t at = static_cast<int64_t>(o.n) * p.sx[0] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
   if constexpr (!ModeTraits<M>::kHalf) {
     if (kl < p.Cin) raw[0] = __float_as_uint(ld_pinned_f32(static_cast<const float*>(p.x) + (at + kl * p.sx[1])));
   } else {
-    const uint16_t* p16 = static_cast<const uint16_t*>(p.x);
-    if (2 * kl < p.Cin) raw[0] = ld_pinned_u16(p16 + (at + 2 * kl * p.sx[1]));
-    if (2 * kl + 1 < p.Cin) raw[1] = ld_pinned_u16(p16 + (at + (2 * kl + 1) * p.sx[1]));
+    const uint16_t* p16 = static_cast<const uint16_t*>(p.x) + (at + 2 * kl * p.sx[1]);
+    if (2 * kl < p.Cin) raw[0] = ld_pinned_u16(p16);
+    if (2 * kl + 1 < p.Cin) raw[1] = ld_pinned_u16(p16 + p.sx[1]);
   }
 }
 
@@ -314,10 +286,16 @@ struct HaloSlice {
 template <Mode M, int MT, int KS>
 __device__ __forceinline__ void load_halo_slice(const Params& p, const TileOrigin& o, int k0, int k_end,
                                                 HaloSlice<M, MT, KS>& s) {
+  using HI = HaloItems<MT, KS>;
+  const int tid = tid_here();
 #pragma unroll
-  for (int u = 0; u < HaloItems<MT, KS>::kPerSlice; ++u) {
+  for (int u = 0; u < HI::kPerSlice; ++u) {
+    const int k = k0 + u, hp = tid + kThreads * (k / HI::kWords);
     uint32_t raw[kRawPerWord<M>] = {};
-    if (k0 + u < k_end) halo_item_raw<M, MT, KS>(p, o, k0 + u, raw);
+    if (k < k_end && hp < TileShape<MT>::kHalo) {
+      const int64_t at = halo_base<MT>(p, o, hp);  // the same for the slice's items of one position
+      if (at >= 0) halo_word_raw<M>(p, at, k % HI::kWords, raw);
+    }
     s.v[u] = ModeTraits<M>::kHalf ? word_of_raw<M>(raw) : raw[0];
   }
 }
@@ -327,16 +305,19 @@ template <Mode M, int MT, int KS>
 __device__ __forceinline__ bool store_halo_slice(const Params& p, uint32_t* __restrict__ sA, int k0, int k_end,
                                                  const HaloSlice<M, MT, KS>& s) {
   using TS = TileShape<MT>;
+  using HI = HaloItems<MT, KS>;
+  (void)p;
+  const int tid = tid_here();
   bool unsafe = false;
 #pragma unroll
-  for (int u = 0; u < HaloItems<MT, KS>::kPerSlice; ++u) {
-    int kl, hd, hh, hw;
-    if (k0 + u < k_end && halo_place<MT, KS>(p, k0 + u, kl, hd, hh, hw)) {
+  for (int u = 0; u < HI::kPerSlice; ++u) {
+    const int k = k0 + u, hp = tid + kThreads * (k / HI::kWords);
+    if (k < k_end && hp < TS::kHalo) {
       uint32_t word = s.v[u];
       if constexpr (!ModeTraits<M>::kHalf) word = word_of_raw<M>(s.v[u]);
       if constexpr (M == Mode::kStrict) unsafe |= !split_safe(word);
       // Volatile, like the loads, so that it stays after the phase's math (it waits for its load).
-      const uint32_t* at = sA + kl * TS::kPitch + (hd * TS::kHH + hh) * TS::kHW + hw;
+      const uint32_t* at = sA + (k % HI::kWords) * TS::kPitch + hp;
       asm volatile("st.shared.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(at))), "r"(word)
                    : "memory");
     }
