@@ -131,15 +131,14 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.chunk_words = padded <= 16 ? static_cast<int>(padded) : kMaxChunkWords;
   p.nchunks = static_cast<int>(ceil_div(padded, p.chunk_words));
 
-  // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles, except
-  // for TF32, whose two-tile form spills with the pipelined staging (H200, KernelBench size: 133 against 123 us for
-  // one tile; bf16 77 against 90, strict 197 against 214); small problems take 128-position blocks to spread over
-  // more multiprocessors.
+  // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles (H200,
+  // KernelBench size: TF32 110 against 115 us for one tile, bf16 77 against 87, strict 197 against 214); small
+  // problems take 128-position blocks to spread over more multiprocessors.
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t positions = N * PD * PH * PW;
-  int mt = positions >= int64_t(2) * TileShape<2>::kPositions * sms && mode != Mode::kTF32 ? 2 : 1;
+  int mt = positions >= int64_t(2) * TileShape<2>::kPositions * sms ? 2 : 1;
   if (mt_override() == 1 || mt_override() == 2) mt = mt_override();
   if (train) mt = 1;  // the training kernels hold one row tile per warp (conv_post_pool_kernel.cuh)
   // GPUs with less shared memory per block than Hopper's and A100's 227 / 163 KB (compute capability 8.6 and 8.9
