@@ -202,6 +202,10 @@ def run_checks(ext):
         c.exact_case(prec, small, (0, 1, 1), cl=True, train=False)
         c.exact_case(prec, small, (1, 1, 1), s1=-0.5, s2=0.3)
         c.exact_case(prec, small, (1, 1, 1), s1=0.0, s2=0.0, train=False)
+        # the epilogue's one-max leaky: slopes at the ends of (0, 1], and beyond it
+        c.exact_case(prec, small, (1, 1, 1), s1=1.0, s2=1.0)
+        c.exact_case(prec, small, (1, 1, 1), s1=1.5, s2=0.25)
+        c.exact_case(prec, small, (1, 1, 1), s1=0.25, s2=3.0, neg_inf=True)
         c.exact_case(prec, small, (1, 1, 1), s1=1e-50, s2=0.2, train=False)  # 0.0f: not monotone
         c.exact_case(prec, small, (1, 1, 1), train=False, mult="neg")
         c.exact_case(prec, small, (1, 1, 1), train=False, mult="pos", bias=False)
@@ -228,6 +232,7 @@ def run_checks(ext):
         for sp in ("x", "w"):
             c.random_case(prec, (2, 6, 10, 5, 6, 7), (1, 1, 1), specials=sp, train=True)
             c.random_case(prec, (2, 6, 10, 5, 6, 7), (1, 1, 1), specials=sp, train=False, mult="pos")
+            c.random_case(prec, (2, 6, 10, 5, 6, 7), (1, 1, 1), specials=sp, train=True, s1=1.0, s2=0.5)
     print(f"checks: {c.n - len(c.fails)} / {c.n} passed", flush=True)
     return c
 
@@ -388,6 +393,7 @@ def sanitize_cases(ext):
         c.exact_case(prec, (1, 3, 5, 3, 4, 5), (1, 1, 1), train=False, mult="pos", cl=True)
         c.exact_case(prec, (1, 70, 40, 2, 3, 3), (1, 1, 1), train=True)
         c.random_case(prec, (1, 4, 6, 3, 4, 5), (1, 1, 1), specials="w", train=True)
+        c.random_case(prec, (2, 6, 10, 5, 6, 7), (1, 1, 1), specials="w", train=True, seed=2)
     c.exact_case("tf32", (1, 16, 32, 9, 9, 17), (1, 1, 1), mt=2, train=False)
     print(f"sanitize cases: {c.n - len(c.fails)} / {c.n} passed", flush=True)
 

@@ -130,7 +130,7 @@ def test_exact_channels_last(prec, train, tf32_setting):
 
 
 @pytest.mark.parametrize("prec", list(PRECS))
-@pytest.mark.parametrize("s1,s2", [(-0.5, 0.3), (0.0, 0.0), (1e-50, 0.2), (0.2, 1.5)])
+@pytest.mark.parametrize("s1,s2", [(-0.5, 0.3), (0.0, 0.0), (1e-50, 0.2), (0.2, 1.5), (1.0, 1.0), (1.5, 0.25)])
 def test_exact_slopes(prec, s1, s2, tf32_setting):
     # 1e-50 is 0.0 in float32: the kernel must not take the monotone form for it.
     check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, s1=s1, s2=s2, train=False)
@@ -222,6 +222,29 @@ def test_nonfinite_propagate_as_the_convolution(prec, where, train, tf32_setting
     fin = ref.isfinite()
     tol = {"tf32": 3e-3, "fp32": 1e-6, "bf16": 2e-2, "fp16": 4e-3}[prec]
     assert ((out[fin] - ref[fin]).norm() / ref[fin].norm()).item() <= tol
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_strict_unsafe_weight_block_stages_before_it_computes(train, tf32_setting):
+    """Strict float32 with a weight the exact split cannot take (|w| >= 2^127, finite) switches the block to the
+    general split, which must still give eager's values: with integer data every channel whose convolution does not
+    involve the large weight equals eager's float32 chain bit for bit. (A barrier once skipped on this path let
+    warps read a half-staged halo; compute-sanitizer racecheck on this test shows such a race, a plain run only
+    when the timing goes wrong.)"""
+    tf32_setting(False)
+    x, w, b, m = make((4, 16, 32, 8, 16, 16), torch.float32, True, seed=7)
+    w = w.clone()
+    w[0, 0, 1, 1, 1] = 2.0 ** 127
+    x = x.clone()
+    x[:, 0] = x[:, 0].clamp(-1, 1)  # keeps channel 0's sums finite
+    res = fused(x, w, b, m, 0.1, 0.2, (1, 1, 1), train)
+    y = conv64(x, w, b, (1, 1, 1)).float()
+    ref_out, ref_sel, ref_off = pool_chain(y, m.float(), 0.1, 0.2)
+    assert same(res[0][:, 1:], ref_out[:, 1:])
+    assert bool(res[0][:, :1].isfinite().all())
+    if train:
+        assert same(res[1][:, 1:], ref_sel[:, 1:])
+        assert torch.equal(res[2][:, 1:], ref_off[:, 1:])
 
 
 def test_cuda_graph_replay_and_no_sync(tf32_setting):

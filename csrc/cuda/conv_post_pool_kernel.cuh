@@ -125,6 +125,46 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
   }
 }
 
+// leaky(v, s) for a slope in (0, 1]: v * s then lies between 0 and v with v's sign (zeros keep theirs), so the larger
+// of v and v * s is the same float as `v > 0 ? v : v * s` for every v, infinities included, and a NaN stays a
+// NaN: one max instead of a compare and a select on the epilogue's busiest pipe.
+__device__ __forceinline__ float leaky_unit_slope(float v, float s) { return fmaxf(v, v * s); }
+
+// Folds phase ph's conv values into the pooled result: the exact epilogue and max_pool3d's selection (value,
+// and in the training form the selected conv value and the window offset, one byte per value).
+// UNIT: both slopes in (0, 1] (the launcher's p.unit_slopes), so each leaky takes the one-max form.
+template <Mode M, int MT, bool TRAIN, bool UNIT>
+__device__ __forceinline__ void fold_phase(const float (&acc)[MT][kNT][4], float (&best)[MT][kNT][4],
+                                           float (&sel)[TRAIN ? MT : 1][kNT][4],
+                                           uint32_t (&offs)[TRAIN ? MT : 1][kNT], const float* sMult,
+                                           const float* sBias, int t, int ph, float s1, float s2) {
+  using io_t = typename ModeTraits<M>::io_t;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const float2 m2 = *reinterpret_cast<const float2*>(sMult + nt * 8 + 2 * t);
+    const float2 b2 = *reinterpret_cast<const float2*>(sBias + nt * 8 + 2 * t);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float m = (j & 1) ? m2.y : m2.x;
+        float y = acc[i][nt][j] + ((j & 1) ? b2.y : b2.x);
+        if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
+        const float e = UNIT ? leaky_unit_slope(leaky_unit_slope(y, s1) * m, s2) : epilogue(y, m, s1, s2);
+        // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
+        const bool take = ph == 0 || takes_max(e, best[i][nt][j]);
+        best[i][nt][j] = take ? e : best[i][nt][j];
+        if constexpr (TRAIN) {
+          sel[i][nt][j] = take ? y : sel[i][nt][j];
+          const uint32_t shift = 8u * j;
+          const uint32_t cur = ph == 0 ? 0u : offs[i][nt];
+          offs[i][nt] = take ? (cur & ~(0xffu << shift)) | (static_cast<uint32_t>(ph) << shift) : cur;
+        }
+      }
+    }
+  }
+}
+
 // KS: k-steps (8 k-words) per staged chunk.
 template <Mode M, int MT, bool TRAIN, int KS>
 __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const Params p) {
@@ -161,7 +201,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
     const int co = co0 + tid;
     const bool ok = co < p.Cout;
     const float m = ok ? to_float(static_cast<const io_t*>(p.mult)[co * p.m_stride]) : 1.f;
-    const float b = ok && has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : 0.f;
+    // Without a bias, -0: adding it leaves every value as it is (-0 included), so the epilogue always adds
+    // instead of predicating the add (which the compiler turns into an add and a select per value).
+    const float b = ok && has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : -0.f;
     const float inf = __int_as_float(0x7f800000);
     breaks_monotone = ok && (m == 0.f || !(fabsf(m) < inf) || !(fabsf(b) < inf));
     sMult[tid] = m;
@@ -224,7 +266,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
       // The halo of this tile is complete (every thread's stores of it are done) and the other buffer is free
       // (every warp finished the previous tile).
       if constexpr (M == Mode::kStrict) {
-        safe = w_safe && !__syncthreads_or(next_unsafe);
+        // The barrier first: `w_safe && !__syncthreads_or(...)` would skip it when the weights are unsafe.
+        const bool x_unsafe = __syncthreads_or(next_unsafe);
+        safe = w_safe && !x_unsafe;
       } else {
         __syncthreads();
       }
@@ -239,7 +283,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
         x_unsafe = stage_input_rows<M, MT>(p, sHalo, o.n, o.qd0, o.qh0, o.qw0, 0, kChunkWords);
       }
       if constexpr (M == Mode::kStrict) {
-        safe = w_safe && !__syncthreads_or(x_unsafe);
+        // The barrier first (as above): without it the phases would read a half-staged halo.
+        const bool any_unsafe = __syncthreads_or(x_unsafe);
+        safe = w_safe && !any_unsafe;
       } else {
         (void)x_unsafe;
         __syncthreads();
@@ -303,29 +349,10 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
       }
 
       if (exact) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float2 m2 = *reinterpret_cast<const float2*>(sMult + nt * 8 + 2 * t);
-          const float2 b2 = *reinterpret_cast<const float2*>(sBias + nt * 8 + 2 * t);
-#pragma unroll
-          for (int i = 0; i < MT; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float m = (j & 1) ? m2.y : m2.x;
-              float y = pre_activation(acc[i][nt][j], (j & 1) ? b2.y : b2.x, has_bias);
-              if constexpr (kHalf) y = round_to_io<io_t>(y);
-              const float e = epilogue(y, m, p.s1, p.s2);
-              // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
-              const bool take = ph == 0 || takes_max(e, best[i][nt][j]);
-              best[i][nt][j] = take ? e : best[i][nt][j];
-              if constexpr (TRAIN) {
-                sel[i][nt][j] = take ? y : sel[i][nt][j];
-                const uint32_t shift = 8u * j;
-                const uint32_t cur = ph == 0 ? 0u : offs[i][nt];
-                offs[i][nt] = take ? (cur & ~(0xffu << shift)) | (static_cast<uint32_t>(ph) << shift) : cur;
-              }
-            }
-          }
+        if (p.unit_slopes) {
+          fold_phase<M, MT, TRAIN, true>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
+        } else {
+          fold_phase<M, MT, TRAIN, false>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
         }
       } else {
         // The extreme conv value: the largest for a positive multiplier, the smallest (the weights were staged
@@ -366,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_t3d_post_pool_kernel(const P
           float v = best[i][nt][j];
           if (!exact) {
             const float m = sMult[col];
-            float y = pre_activation(m < 0.f ? -v : v, sBias[col], has_bias);
+            float y = (m < 0.f ? -v : v) + sBias[col];
             if constexpr (kHalf) y = round_to_io<io_t>(y);
             v = epilogue(y, m, p.s1, p.s2);
           }

@@ -119,6 +119,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   // The slopes in float32, eager's opmath type; the kernel decides monotonicity on these values.
   p.s1 = static_cast<float>(negative_slope);
   p.s2 = static_cast<float>(negative_slope2);
+  p.unit_slopes = p.s1 > 0.f && p.s1 <= 1.f && p.s2 > 0.f && p.s2 <= 1.f;
   p.x_channels_last = Cin > 1 && input.stride(1) == 1;
 
   const Mode mode = dtype == at::kFloat ? (allow_tf32 ? Mode::kTF32 : Mode::kStrict)

@@ -72,6 +72,7 @@ struct Params {
   int chunk_words;  // k-words staged per chunk, a multiple of 8
   int nchunks;
   float s1, s2;
+  bool unit_slopes;       // both slopes in (0, 1]: the epilogue's one-max leaky (conv_post_pool_kernel.cuh)
   bool x_channels_last;  // only picks the staging loop order (addresses always use the strides)
 };
 
