@@ -39,12 +39,17 @@ def test_median_us_hide_host_measures_the_device_cuda():
         for _ in range(100):
             t.add_(0)
 
-    plain = median_us(host_heavy, dev, reps=5, block=3)
-    queued = median_us(host_heavy, dev, reps=5, block=3, hide_host=True)
+    # The suite's shards share the GPU, so another process's kernels can land inside one measurement: each figure
+    # is the best of three (contention only ever adds time).
+    def best(fn, **kw):
+        return min(median_us(fn, dev, **kw) for _ in range(3))
+
+    plain = best(host_heavy, reps=5, block=3)
+    queued = best(host_heavy, reps=5, block=3, hide_host=True)
     assert queued < 0.8 * plain, (queued, plain)
     big = torch.empty(1 << 27, device=dev)
-    plain_big = median_us(lambda: big.fill_(1.0), dev, reps=10)
-    queued_big = median_us(lambda: big.fill_(1.0), dev, reps=10, hide_host=True)
+    plain_big = best(lambda: big.fill_(1.0), reps=10)
+    queued_big = best(lambda: big.fill_(1.0), reps=10, hide_host=True)
     assert abs(queued_big - plain_big) < 0.1 * plain_big, (queued_big, plain_big)
 
 
