@@ -24,11 +24,17 @@ namespace fused {
 // (jd*2 + jh)*2 + jw, with max_pool3d's rules: ties keep the first tap, the last NaN wins, a window whose every
 // value is -inf reports its first tap.
 // allow_tf32: float32 on TF32 tensor cores (operands rounded to nearest, as cuDNN); false keeps float32 accuracy.
-// Never synchronises with the device; launches on the current stream.
+// Never synchronises with the device; launches on the current stream. Only where
+// conv_transpose3d_post_pool_cuda_fits.
 void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                             const at::Tensor& multiplier, double negative_slope,
                                             double negative_slope2, std::array<int64_t, 3> output_padding,
                                             bool allow_tf32, const at::Tensor& out, const at::Tensor& selected,
                                             const at::Tensor& offsets);
+
+// Whether the kernel's shared memory for this dtype and input channel count fits CUDA device `device` (compute
+// capability 8.6 / 8.9 allow 99 KB per block: float32 with more than 16 input channels, 16-bit with more than 32,
+// do not). Independent of the TF32 switch.
+bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device);
 
 }  // namespace fused

@@ -58,4 +58,9 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
                                            const at::Tensor& weight, std::array<int64_t, 3> output_padding,
                                            bool allow_tf32, const at::Tensor& grad_input);
 
+// Whether grad_input's kernel for this dtype and output channel count fits the shared memory per block of CUDA
+// device `device` (compute capability 8.6 / 8.9 allow 99 KB); else its op takes the composite. Independent of the
+// TF32 switch.
+bool conv_post_pool_grad_input_cuda_fits(at::ScalarType dtype, int64_t Cout, int device);
+
 }  // namespace fused

@@ -102,7 +102,10 @@ Outputs forward(bool with_offsets, bool on_cuda, const at::Tensor& input, const 
       with_offsets ? kOpWithOffsets : kOp, input, weight, bias, stride, padding, output_padding, groups, dilation,
       multiplier, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode);
 #ifdef WITH_CUDA
-  if (on_cuda && fused_kernel_applies(input, weight, g)) {
+  // Where the kernel's shared memory does not fit the GPU, the composite runs (the backward stays at pooled
+  // resolution either way: it needs only the selected values and offsets, which both produce).
+  if (on_cuda && fused_kernel_applies(input, weight, g) &&
+      conv_transpose3d_post_pool_cuda_fits(input.scalar_type(), input.size(1), input.get_device())) {
     return fused_cuda(with_offsets, g, input, weight, bias, multiplier, negative_slope, negative_slope2);
   }
 #else

@@ -279,7 +279,8 @@ at::Tensor grad_input_op(const at::Tensor& grad_conv, const at::Tensor& offsets,
   if (grad_input.numel() == 0) return grad_input;
   if (grad_conv.numel() == 0) return grad_input.zero_();  // C_out = 0: an empty sum
 #ifdef WITH_CUDA
-  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type())) {
+  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type()) &&
+      conv_post_pool_grad_input_cuda_fits(grad_conv.scalar_type(), grad_conv.size(1), grad_conv.get_device())) {
     const auto [gc, off] = kernel_pair(grad_conv, offsets);
     launch_conv_post_pool_grad_input_cuda(gc, off, dense(weight), o, conv_allows_tf32(), grad_input);
     return grad_input;

@@ -25,6 +25,15 @@ void copy_strides(const at::Tensor& t, int64_t (&s)[5]) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// k-words per staged chunk: one float32 channel or a pair of 16-bit channels per k-word, at least one (zero) k-step
+// when Cout is 0, in chunks of 8 or 16 (two blocks per multiprocessor, TF32's double buffers included).
+int chunk_words_for(at::ScalarType dtype, int64_t Cout, int64_t* padded_words = nullptr) {
+  const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
+  const int64_t padded = ceil_div(words, 8) * 8;
+  if (padded_words != nullptr) *padded_words = padded;
+  return padded <= 8 ? 8 : 16;
+}
+
 }  // namespace
 
 // Instantiated in the per-precision files.
@@ -34,6 +43,20 @@ extern template void launch_mode<Mode::kFP16>(const Params&, int, cudaStream_t);
 
 }  // namespace grad_input
 }  // namespace conv_pool
+
+bool conv_post_pool_grad_input_cuda_fits(at::ScalarType dtype, int64_t Cout, int device) {
+  using namespace conv_pool;
+  using namespace conv_pool::grad_input;
+  const int cw = chunk_words_for(dtype, Cout);
+  const size_t strict = smem_words<Mode::kStrict>(cw) * sizeof(uint32_t);
+  // float32 asks for both of its kernels, so the answer does not depend on the TF32 switch.
+  const size_t need = dtype == at::kFloat     ? std::max(tf32_smem_bytes(cw), strict)
+                      : dtype == at::kBFloat16 ? smem_words<Mode::kBF16>(cw) * sizeof(uint32_t)
+                                               : smem_words<Mode::kFP16>(cw) * sizeof(uint32_t);
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return need <= static_cast<size_t>(smem_optin);
+}
 
 void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at::Tensor& offsets,
                                            const at::Tensor& weight, std::array<int64_t, 3> output_padding,
@@ -88,11 +111,8 @@ void launch_conv_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at
   const Mode mode = dtype == at::kFloat ? (allow_tf32 ? Mode::kTF32 : Mode::kStrict)
                     : dtype == at::kBFloat16 ? Mode::kBF16
                                              : Mode::kFP16;
-  // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cout is 0.
-  const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cout : ceil_div(Cout, 2), 1);
-  const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8 or 16 k-words: two blocks per multiprocessor (TF32's double buffers included).
-  const int chunk_words = padded <= 8 ? 8 : 16;
+  int64_t padded = 0;
+  const int chunk_words = chunk_words_for(dtype, Cout, &padded);
   p.nchunks = static_cast<int>(ceil_div(padded, chunk_words));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(grad_conv.get_device()).stream();

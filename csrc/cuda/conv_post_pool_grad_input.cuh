@@ -555,6 +555,8 @@ void launch_mode(const Params& p, int chunk_words, cudaStream_t stream) {
 
 // TF32 (conv_post_pool_grad_input_tf32.cu: the double-buffered kernel; chunks of 8 or 16 k-words).
 void launch_tf32(const Params& p, int chunk_words, cudaStream_t stream);
+// Shared memory per block of the TF32 kernel at a chunk of 8 or 16 k-words.
+size_t tf32_smem_bytes(int chunk_words);
 
 }  // namespace grad_input
 }  // namespace conv_pool

@@ -339,6 +339,10 @@ void launch_one(const Params& p, cudaStream_t stream) {
 
 }  // namespace double_buffered
 
+size_t tf32_smem_bytes(int chunk_words) {
+  return chunk_words == 16 ? double_buffered::smem_bytes<2>() : double_buffered::smem_bytes<1>();
+}
+
 // Chunks of 8 or 16 k-words.
 void launch_tf32(const Params& p, int chunk_words, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(chunk_words == 8 || chunk_words == 16, "chunk of ", chunk_words, " k-words");

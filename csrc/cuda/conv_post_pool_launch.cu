@@ -59,8 +59,34 @@ size_t kernel_smem(Mode mode, int mt, int chunk_words) {
   }
 }
 
+// k-words per staged chunk: one float32 channel or a pair of 16-bit channels per k-word, at least one (zero)
+// k-step when Cin is 0, in chunks of 8, 16 or kMaxChunkWords k-words (the kernels' compile-time k-steps).
+int chunk_words_for(at::ScalarType dtype, int64_t Cin, int64_t* padded_words = nullptr) {
+  const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cin : ceil_div(Cin, 2), 1);
+  const int64_t padded = ceil_div(words, 8) * 8;
+  if (padded_words != nullptr) *padded_words = padded;
+  return padded <= 16 ? static_cast<int>(padded) : kMaxChunkWords;
+}
+
+int smem_optin_of(int device) {
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return smem_optin;
+}
+
 }  // namespace
 }  // namespace conv_pool
+
+bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device) {
+  using namespace conv_pool;
+  const int cw = chunk_words_for(dtype, Cin);
+  // One row tile per warp, the smallest instantiation. float32 asks for both of its modes, so the answer does
+  // not depend on the TF32 switch (the training forward's backward is chosen on the same answer).
+  const size_t need = dtype == at::kFloat ? std::max(kernel_smem(Mode::kTF32, 1, cw), kernel_smem(Mode::kStrict, 1, cw))
+                      : dtype == at::kBFloat16 ? kernel_smem(Mode::kBF16, 1, cw)
+                                               : kernel_smem(Mode::kFP16, 1, cw);
+  return need <= static_cast<size_t>(smem_optin_of(device));
+}
 
 void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                             const at::Tensor& multiplier, double negative_slope,
@@ -125,11 +151,8 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   const Mode mode = dtype == at::kFloat ? (allow_tf32 ? Mode::kTF32 : Mode::kStrict)
                     : dtype == at::kBFloat16 ? Mode::kBF16
                                              : Mode::kFP16;
-  // k-words: one float32 channel or a pair of 16-bit channels; at least one (zero) k-step when Cin is 0.
-  const int64_t words = std::max<int64_t>(dtype == at::kFloat ? Cin : ceil_div(Cin, 2), 1);
-  const int64_t padded = ceil_div(words, 8) * 8;
-  // Chunks of 8, 16 or kMaxChunkWords k-words (the kernels' compile-time k-steps).
-  p.chunk_words = padded <= 16 ? static_cast<int>(padded) : kMaxChunkWords;
+  int64_t padded = 0;
+  p.chunk_words = chunk_words_for(dtype, Cin, &padded);
   p.nchunks = static_cast<int>(ceil_div(padded, p.chunk_words));
 
   // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles (H200,
@@ -143,9 +166,9 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   if (mt_override() == 1 || mt_override() == 2) mt = mt_override();
   if (train) mt = 1;  // the training kernels hold one row tile per warp (conv_post_pool_kernel.cuh)
   // GPUs with less shared memory per block than Hopper's and A100's 227 / 163 KB (compute capability 8.6 and 8.9
-  // allow 99 KB) take one row tile where two do not fit; what still does not fit is refused clearly.
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // allow 99 KB) take one row tile where two do not fit; the host op sends what fits neither way to the composite
+  // (conv_transpose3d_post_pool_cuda_fits), so the check below only guards the contract.
+  const int smem_optin = smem_optin_of(device);
   if (mt == 2 && kernel_smem(mode, 2, p.chunk_words) > static_cast<size_t>(smem_optin)) mt = 1;
   TORCH_CHECK(kernel_smem(mode, mt, p.chunk_words) <= static_cast<size_t>(smem_optin),
               "conv_transpose3d_post_pool: the fused CUDA kernel needs ", kernel_smem(mode, mt, p.chunk_words),
