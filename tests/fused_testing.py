@@ -11,11 +11,24 @@ import re
 
 import pytest
 import torch
+import torch.distributed
 import torch.nn.functional as F
 
 HAS_CUDA = torch.cuda.is_available()
 CUDA_SKIP_REASON = "CUDA is not available (torch.cuda.is_available() is False)"
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=CUDA_SKIP_REASON)
+# The DDP tests' ranks talk over gloo on 127.0.0.1.
+requires_gloo = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                   reason="needs torch.distributed with gloo")
+
+
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a test's rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),

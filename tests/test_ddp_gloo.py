@@ -6,30 +6,19 @@ the test kills them (by pid) only when the deadline passes.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
+from fused_testing import free_local_port, requires_gloo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEADLINE_S = 420
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed "
-                       "with gloo"),
-]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.slow, requires_gloo]
 
 
 def _run_ranks(tmp_path, world=2):
@@ -38,7 +27,7 @@ def _run_ranks(tmp_path, world=2):
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
     env.pop("TORCH_FUSED_OPS_DISABLE", None)
-    port = _free_port()
+    port = free_local_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]
     logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(world)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_gloo_worker.py"), str(r), str(world),

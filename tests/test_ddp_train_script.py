@@ -3,26 +3,15 @@ tiny size, a few steps. On CPU every variant's parameters must equal the strict 
 pass's CPU path is eager's arithmetic), and the pass must fuse on both ranks."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
-import torch.distributed as dist
+from fused_testing import free_local_port, requires_gloo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed "
-                       "with gloo"),
-]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.slow, requires_gloo]
 
 
 def test_ddp_train_script_on_cpu(tmp_path):
@@ -31,7 +20,7 @@ def test_ddp_train_script_on_cpu(tmp_path):
                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     env.pop("TORCH_FUSED_OPS_DISABLE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), os.path.join(REPO, "benchmarks", "ddp_train.py"), "--device", "cpu",
+           "--master_port", str(free_local_port()), os.path.join(REPO, "benchmarks", "ddp_train.py"), "--device", "cpu",
            "--small", "--steps", "2", "--reps", "10", "--configs", "tf32", "--out", str(tmp_path)]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
