@@ -74,7 +74,7 @@ XDIST_REST=6
 # The device's copy of the tree may carry a stale .git, so the sources are identified by their content.
 src_hash() {
   find csrc torch_fused_ops tests benchmarks scripts -type f \( -name '*.py' -o -name '*.cu' -o -name '*.cpp' \
-    -o -name '*.h' -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12
+    -o -name '*.h' -o -name '*.cuh' -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12
 }
 
 # The shards, one line each: pytest arguments.
