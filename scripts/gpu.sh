@@ -35,8 +35,10 @@
 #             counts are made of; this machine has no cuobjdump).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
-#             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py) with -k $SANITIZE_K
-#             (default cuda).
+#             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py and
+#             tests/test_conv_cuda_kernel.py) with -k $SANITIZE_K (default: the CUDA cases, of the fused
+#             convolution's file only its non-finite and strict-unsafe-weight cases: the paths where a barrier was once
+#             skipped, small enough for racecheck).
 #             SANITIZE_TIMEOUT: per tool, s (default 200). memcheck runs with PyTorch's caching allocator off, so
 #             that an access past a tensor's end leaves its cudaMalloc block and is seen.
 #   EXTRA="cmd"   one more command after the tests (e.g. a sweep in benchmarks/), its output in extra.log.
@@ -283,17 +285,18 @@ fi
 
 # ---- compute-sanitizer ------------------------------------------------------------------------------------
 if want sanitize; then
-  sel=${SANITIZE_TESTS:-tests/test_forward.py tests/test_autograd.py tests/test_bias.py tests/test_errors.py tests/test_opcheck.py}
+  sel=${SANITIZE_TESTS:-tests/test_forward.py tests/test_autograd.py tests/test_bias.py tests/test_errors.py tests/test_opcheck.py tests/test_conv_cuda_kernel.py}
+  sanitize_k=${SANITIZE_K:-cuda and not (test_conv_cuda_kernel and not (strict_unsafe or nonfinite))}
   : > "$OUT/sanitize.log"
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     t0=$SECONDS
     lim=$(budget "${SANITIZE_TIMEOUT:-200}")
     if [ "$lim" = 0 ]; then skipped "compute-sanitizer $tool"; continue; fi
     envs=(); [ "$tool" = memcheck ] && envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-    echo "==== compute-sanitizer --tool $tool: pytest $sel -k ${SANITIZE_K:-cuda}" >> "$OUT/sanitize.log"
+    echo "==== compute-sanitizer --tool $tool: pytest $sel -k $sanitize_k" >> "$OUT/sanitize.log"
     # shellcheck disable=SC2086
     env "${envs[@]}" timeout "$lim" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      python3 -m pytest $sel -k "${SANITIZE_K:-cuda}" -x -q -p no:cacheprovider > "$T/sanitize_$tool.log" 2>&1
+      python3 -m pytest $sel -k "$sanitize_k" -x -q -p no:cacheprovider > "$T/sanitize_$tool.log" 2>&1
     rc=$?; [ $rc = 0 ] || rc_all=1
     cat "$T/sanitize_$tool.log" >> "$OUT/sanitize.log"
     what=$([ $rc = 124 ] && echo "TIMED OUT at $(grep -oE '\[ *[0-9]+%\]' "$T/sanitize_$tool.log" | tail -1)" \
