@@ -50,6 +50,26 @@ __device__ __forceinline__ void load_b(const uint32_t* __restrict__ sB, int tap,
   b[1][1] = bv.w;
 }
 
+// Calls f(ph, b) for every tap of shift (dd, dh, dw) (window neighbours bd >= dd per dim, in (d, h, w) order): ph
+// the window phase that reaches the tap, b the tap's B fragments at k-step ks. Both grad_input kernels walk a
+// shift's taps through it.
+template <int KS, typename F>
+__device__ __forceinline__ void for_each_shift_tap(const uint32_t* __restrict__ sB, int dd, int dh, int dw, int ks,
+                                                   int lane, F&& f) {
+#pragma unroll
+  for (int bd = dd; bd <= 1; ++bd) {
+#pragma unroll
+    for (int bh = dh; bh <= 1; ++bh) {
+#pragma unroll
+      for (int bw = dw; bw <= 1; ++bw) {
+        uint32_t b[kNT][2];
+        load_b<KS>(sB, shift_tap(dd, dh, dw, bd, bh, bw), ks, lane, b);
+        f(shift_phase(bd, bh, bw), b);
+      }
+    }
+  }
+}
+
 // acc += the staged chunk's products over the 8 shifts and their taps. Everything but the thread's base
 // addresses is a compile-time constant once the loops are unrolled, so every shared-memory load has an immediate
 // offset. SAFE (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits
@@ -96,76 +116,65 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
       (void)ah;
       (void)al;
       (void)ac;
+      for_each_shift_tap<KS>(sB, dd, dh, dw, ks, lane, [&](uint32_t ph, const uint32_t (&b)[kNT][2]) {
+        if constexpr (M == Mode::kStrict) {
+          uint32_t bh_[kNT][2], bl_[kNT][2], bc_[kNT][2];
 #pragma unroll
-      for (int bd = dd; bd <= 1; ++bd) {
+          for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int bh = dh; bh <= 1; ++bh) {
-#pragma unroll
-          for (int bw = dw; bw <= 1; ++bw) {
-            const int tap = shift_tap(dd, dh, dw, bd, bh, bw);
-            const uint32_t ph = shift_phase(bd, bh, bw);
-            uint32_t b[kNT][2];
-            load_b<KS>(sB, tap, ks, lane, b);
-            if constexpr (M == Mode::kStrict) {
-              uint32_t bh_[kNT][2], bl_[kNT][2], bc_[kNT][2];
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                  if constexpr (SAFE) {
-                    tf32_split_finite(b[nt][r], bh_[nt][r], bl_[nt][r]);
-                    bc_[nt][r] = bh_[nt][r];
-                  } else {
-                    tf32_split(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
-                  }
-                }
-#pragma unroll
-              for (int i = 0; i < kMT; ++i) {
-                uint32_t mh[4], ml[4], mc[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                  const bool take = code[i][r] == ph;
-                  mh[r] = take ? ah[i][r] : 0u;
-                  ml[r] = take ? al[i][r] : 0u;
-                  mc[r] = take ? ac[i][r] : 0u;
-                }
-                // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
-                // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
-                // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
-                // cuDNN's error.
-                // The column tiles interleave so that consecutive mma are independent.
-                float part[kNT][4];
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
-              }
-            } else {
-#pragma unroll
-              for (int i = 0; i < kMT; ++i) {
-                uint32_t m[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                  const uint32_t c16 = phase_code16(ph);
-                  m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
-                }
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
+            for (int r = 0; r < 2; ++r) {
+              if constexpr (SAFE) {
+                tf32_split_finite(b[nt][r], bh_[nt][r], bl_[nt][r]);
+                bc_[nt][r] = bh_[nt][r];
+              } else {
+                tf32_split(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
               }
             }
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            uint32_t mh[4], ml[4], mc[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const bool take = code[i][r] == ph;
+              mh[r] = take ? ah[i][r] : 0u;
+              ml[r] = take ? al[i][r] : 0u;
+              mc[r] = take ? ac[i][r] : 0u;
+            }
+            // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
+            // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
+            // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
+            // cuDNN's error.
+            // The column tiles interleave so that consecutive mma are independent.
+            float part[kNT][4];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            uint32_t m[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const uint32_t c16 = phase_code16(ph);
+              m[r] = a[i][r] & eq_mask16(code[i][r], c16 | (c16 << 16));
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], m, b[nt][0], b[nt][1]);
           }
         }
-      }
+      });
     }
   }
 }

@@ -168,27 +168,16 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[i][r] = sA[o + offs[r]];
       }
+      for_each_shift_tap<KS>(sB, dd, dh, dw, ks, lane, [&](uint32_t ph, const uint32_t (&b)[kNT][2]) {
 #pragma unroll
-      for (int bd = dd; bd <= 1; ++bd) {
+        for (int i = 0; i < kMT; ++i) {
+          uint32_t m[4];
 #pragma unroll
-        for (int bh = dh; bh <= 1; ++bh) {
+          for (int r = 0; r < 4; ++r) m[r] = keep_if_bit(a[i][r], 1u << ph);
 #pragma unroll
-          for (int bw = dw; bw <= 1; ++bw) {
-            const int tap = shift_tap(dd, dh, dw, bd, bh, bw);
-            const uint32_t ph = shift_phase(bd, bh, bw);
-            uint32_t b[kNT][2];
-            load_b<KS>(sB, tap, ks, lane, b);
-#pragma unroll
-            for (int i = 0; i < kMT; ++i) {
-              uint32_t m[4];
-#pragma unroll
-              for (int r = 0; r < 4; ++r) m[r] = keep_if_bit(a[i][r], 1u << ph);
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<Mode::kTF32>(acc[i][nt], m, b[nt][0], b[nt][1]);
-            }
-          }
+          for (int nt = 0; nt < kNT; ++nt) mma<Mode::kTF32>(acc[i][nt], m, b[nt][0], b[nt][1]);
         }
-      }
+      });
     }
     constexpr int kLag = GradStager<KS>::kDepth - 1;
     if (si >= kLag) next.store(si - kLag);
