@@ -37,8 +37,8 @@
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
 #             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py and
 #             tests/test_conv_cuda_kernel.py) with -k $SANITIZE_K (default: the CUDA cases, of the fused
-#             convolution's file only its non-finite and strict-unsafe-weight cases: the paths where a barrier was once
-#             skipped, small enough for racecheck).
+#             convolution's file only its non-finite and strict-unsafe-weight cases: the staging barriers that
+#             depend on the data, small enough for racecheck).
 #             SANITIZE_TIMEOUT: per tool, s (default 200). memcheck runs with PyTorch's caching allocator off, so
 #             that an access past a tensor's end leaves its cudaMalloc block and is seen.
 #   EXTRA="cmd"   one more command after the tests (e.g. a sweep in benchmarks/), its output in extra.log.

@@ -228,9 +228,9 @@ def test_nonfinite_propagate_as_the_convolution(prec, where, train, tf32_setting
 def test_strict_unsafe_weight_block_stages_before_it_computes(train, tf32_setting):
     """Strict float32 with a weight the exact split cannot take (|w| >= 2^127, finite) switches the block to the
     general split, which must still give eager's values: with integer data every channel whose convolution does not
-    involve the large weight equals eager's float32 chain bit for bit. (A barrier once skipped on this path let
-    warps read a half-staged halo; compute-sanitizer racecheck on this test shows such a race, a plain run only
-    when the timing goes wrong.)"""
+    involve the large weight equals eager's float32 chain bit for bit. This path also decides, at the barrier after
+    staging, whether the tile takes the simpler split: without that barrier warps read a half-staged halo, which
+    compute-sanitizer racecheck on this test shows every time and a plain run only when the timing goes wrong."""
     tf32_setting(False)
     x, w, b, m = make((4, 16, 32, 8, 16, 16), torch.float32, True, seed=7)
     w = w.clone()
