@@ -7,52 +7,37 @@ Environment:
   CUDA_HOME                 toolkit root; found from the real nvcc when unset
 """
 import glob
+import importlib.util
 import os
-import re
-import shutil
 
 from setuptools import setup
 
-
-def _real_cuda_home():
-    """Toolkit root of the nvcc on PATH, seeing through wrapper scripts.
-
-    torch guesses CUDA_HOME as dirname(dirname(which nvcc)); when nvcc is a small shell script that
-    execs the real compiler (as on our CI machines), that guess lacks lib64/ and linking fails.
-    """
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return None
-    nvcc = os.path.realpath(nvcc)
-    try:
-        with open(nvcc, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        head = b""
-    if head.startswith(b"#!"):
-        m = re.search(rb"exec\s+\"?([^\s\"]+/bin/nvcc)", head)
-        if m:
-            nvcc = os.path.realpath(m.group(1).decode())
-    return os.path.dirname(os.path.dirname(nvcc))
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
-    home = _real_cuda_home()
-    if home:
-        os.environ["CUDA_HOME"] = home
+def _load_harness_module():
+    """torch_fused_ops/tools/harness.py, loaded by path: the package itself cannot be imported before it is built."""
+    spec = importlib.util.spec_from_file_location("_harness", os.path.join(ROOT, "torch_fused_ops", "tools",
+                                                                           "harness.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# CUDA_HOME from the real nvcc, also when the nvcc on PATH is a wrapper script (torch's guess then lacks lib64/).
+_load_harness_module().set_cuda_home()
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
 
 import torch  # noqa: E402  (CUDA_HOME must be set before cpp_extension reads it)
 from torch.utils import cpp_extension  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 want_cuda = (
     os.environ.get("TORCH_FUSED_OPS_NO_CUDA", "0") != "1"
     and torch.version.cuda is not None
     and cpp_extension.CUDA_HOME is not None
 )
 
-sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
 # -ffp-contract=off: never fuse a*b+c into an FMA, which would change float32 results against eager.
 # -fopenmp: at::parallel_for is header code and runs serially without it.
 use_openmp = os.environ.get("TORCH_FUSED_OPS_NO_OPENMP", "0") != "1"
@@ -65,7 +50,7 @@ ext_kwargs = dict(
     extra_link_args=["-fopenmp"] if use_openmp else [],
 )
 if want_cuda:
-    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    sources += sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
     ext_kwargs["extra_compile_args"]["cxx"].append("-DWITH_CUDA")
     # No --use_fast_math: it flushes denormals and would break bit-exactness with eager PyTorch.
     ext_kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-DWITH_CUDA", "-lineinfo"]

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 import torch_fused_ops
-from torch_fused_ops.bench_train import _fresh_compile
+from torch_fused_ops.tools.bench_train import _fresh_compile
 from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT, ConvTransposeLeakyMulLeakyPool
 
 CONFIGS = {  # name: (label, parameter dtype, allow_tf32)

@@ -1,6 +1,6 @@
 // Schemas of every operator in the `fused` namespace, and the Python module stub that lets
 // `import torch_fused_ops._C` load this library (which runs the registrations below).
-#include "cpu_huge_pages.h"
+#include "common/cpu_huge_pages.h"
 
 #include <Python.h>
 #include <torch/library.h>
@@ -54,7 +54,7 @@ TORCH_LIBRARY(fused, m) {
       {at::Tag::pt2_compliant_tag});
   // Private: the CUDA backward with launch choices other than the measured defaults (packs per thread of the
   // channels_last kernel, 0 = by dtype; dependent launches; the single-launch per-channel sum), for
-  // benchmarks/post_pool_bwd_sweep.py and the tests that compare the forms. grad_bias is undefined (None) without
+  // benchmarks/post_pool/backward_sweep.py and the tests that compare the forms. grad_bias is undefined (None) without
   // a bias.
   m.def(
       "_post_pool_backward_tuned(Tensor grad_output, Tensor selected, Tensor offsets, Tensor? bias, "
@@ -62,10 +62,10 @@ TORCH_LIBRARY(fused, m) {
       "int[3] stride, int[3] padding, int[3] dilation, bool channels_last, int cl_items, bool dependent_launches, "
       "bool single_launch_sum) -> (Tensor grad_input, Tensor grad_bias, Tensor grad_multiplier)");
   // Private: whether the CPU kernels ask for transparent huge pages on their large outputs (default on; see
-  // csrc/cpu_huge_pages.h). The package's settings module calls it from its environment variable.
+  // csrc/common/cpu_huge_pages.h). The package's settings module calls it from its environment variable.
   m.def("_set_cpu_huge_pages(bool enabled) -> ()", &fused::set_cpu_huge_pages);
   // post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...): the whole KernelBench chain. Kernels
-  // and autograd in C++ (csrc/conv_transpose3d_post_pool*.cpp): a fused CUDA kernel where it applies, else aten's
+  // and autograd in C++ (csrc/conv_transpose3d_post_pool/): a fused CUDA kernel where it applies, else aten's
   // convolution followed by fused.post_pool. The output takes the memory format aten's convolution gives.
   m.def(
       "conv_transpose3d_post_pool(Tensor input, Tensor weight, Tensor? bias, int[3] stride, int[3] padding, "
@@ -83,7 +83,7 @@ TORCH_LIBRARY(fused, m) {
       {at::Tag::pt2_compliant_tag});
   // Internal: the fused convolution's backward at pooled resolution, for its geometry only (convolution kernel 3,
   // stride 2, padding 1, dilation 1, groups 1, output_padding 0 or 1 per dim; pool 2x2x2 with stride 2, uint8
-  // offsets). Kernels in csrc/conv_transpose3d_post_pool_backward.cpp (CUDA kernels: csrc/conv_post_pool_backward.h;
+  // offsets). Kernels in csrc/conv_transpose3d_post_pool/backward.cpp (CUDA kernels: csrc/conv_transpose3d_post_pool/backward_contract.h;
   // elsewhere an aten composite). The convolution output's gradient at each window's selected tap (grad_conv:
   // grad_output's sizes, offsets' strides when those are contiguous or channels_last_3d, else contiguous), the
   // bias gradient [C] and the multiplier gradient (its shape, contiguous).

@@ -16,18 +16,18 @@
 #             name too, so a file named *cuda* runs whole). One shard per GPU when there are several.
 #             TESTS="tests/a.py tests/b.py::test_x": only that selection, one pytest process, instead of the shards.
 #             TESTS_K="expr": -k for that selection (default none).  TEST_TIMEOUT: per shard, s (default 330).
-#   bench     python -m torch_fused_ops.bench $BENCH_ARGS (default: the op at the small and the default size,
+#   bench     python -m torch_fused_ops.tools.bench $BENCH_ARGS (default: the op at the small and the default size,
 #             the Model in fp32, bf16 and strict fp32: the table docs/performance.md keeps). BENCH_TIMEOUT (240).
-#   train     python -m torch_fused_ops.bench_train $TRAIN_ARGS (default: every config, TF32 / TF32 with x requiring
+#   train     python -m torch_fused_ops.tools.bench_train $TRAIN_ARGS (default: every config, TF32 / TF32 with x requiring
 #             grad / bf16 / strict fp32, each eager, torch.compile without and with the pass: device, host and loop
 #             time per training step, peak memory, largest allocation, floors, the pass-on steps' kernels), its
 #             tables appended to bench.md. TRAIN_TIMEOUT (300); 8 compilations, so alone or with TRAIN_ARGS="--configs
 #             tf32,tf32-xgrad" beside the bench.
-#   ncu       Nsight Compute over one launch of each shipped kernel (benchmarks/profile_post_pool.py), sections
+#   ncu       Nsight Compute over one launch of each shipped kernel (benchmarks/profile_kernels.py), sections
 #             $NCU_ARGS (default SpeedOfLight, Occupancy, LaunchStats, WarpStateStats), kernels matching
 #             $NCU_KERNELS (a regex; default every kernel of ours). NCU_TIMEOUT (180).
 #             NCU_TRAIN=1: instead, every kernel (or those matching $NCU_KERNELS) of one compiled pass-on training
-#             step (python -m torch_fused_ops.bench_train --ncu-step $NCU_TRAIN_CONFIG, default tf32), the
+#             step (python -m torch_fused_ops.tools.bench_train --ncu-step $NCU_TRAIN_CONFIG, default tf32), the
 #             compilation and warm-up outside the profiled range (ncu --profile-from-start off).
 #   sass      the built library's machine code (cuobjdump -sass) for the kernels whose names match $SASS_KERNELS
 #             (a regex; default grad_weight_kernel|grad_input_kernel|conv_t3d_post_pool_kernel): per kernel, its
@@ -203,7 +203,7 @@ if want bench; then
   lim=$(budget "${BENCH_TIMEOUT:-240}")
   if [ "$lim" = 0 ]; then skipped bench; else
     # shellcheck disable=SC2086
-    timeout "$lim" python3 -m torch_fused_ops.bench \
+    timeout "$lim" python3 -m torch_fused_ops.tools.bench \
       ${BENCH_ARGS:---shapes 1,32,8,16,16;16,32,32,64,64 --model-configs fp32,bf16,fp32-strict} --out "$T" \
       > "$OUT/bench.md" 2> "$T/bench.log"
     rc=$?; [ $rc = 0 ] || rc_all=1
@@ -220,7 +220,7 @@ if want train; then
   lim=$(budget "${TRAIN_TIMEOUT:-300}")
   if [ "$lim" = 0 ]; then skipped train; else
     # shellcheck disable=SC2086
-    timeout "$lim" python3 -m torch_fused_ops.bench_train ${TRAIN_ARGS:-} --out "$T" > "$T/bench_train.md" \
+    timeout "$lim" python3 -m torch_fused_ops.tools.bench_train ${TRAIN_ARGS:-} --out "$T" > "$T/bench_train.md" \
       2> "$T/bench_train.log"
     rc=$?; [ $rc = 0 ] || rc_all=1
     note "train: rc=$rc in $((SECONDS - t0)) s"
@@ -240,11 +240,11 @@ if want ncu; then
     if [ -n "${NCU_TRAIN:-}" ]; then
       ncu_range=(--profile-from-start off ${NCU_KERNELS:+-k "regex:$NCU_KERNELS"})
       # Inductor compiles in this process: no pool of compile workers for ncu to attach to.
-      ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.bench_train
+      ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.tools.bench_train
                --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
     else
       ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d|grad_}")
-      ncu_cmd=(python3 benchmarks/profile_post_pool.py)
+      ncu_cmd=(python3 benchmarks/profile_kernels.py)
     fi
     # shellcheck disable=SC2086
     timeout "$lim" ncu --clock-control none "${ncu_range[@]}" \

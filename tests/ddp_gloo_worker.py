@@ -42,7 +42,7 @@ def _train(model, inputs, steps):
 
 def main(rank: int, world: int, port: int, out: str) -> None:
     import torch_fused_ops
-    from torch_fused_ops import fusion_pass
+    from torch_fused_ops.compile import fusion_pass
     from pass_testing import categories, node_counts
 
     records = []

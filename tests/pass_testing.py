@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 import torch_fused_ops
-from torch_fused_ops import fusion_pass
+from torch_fused_ops.compile import fusion_pass
 from fused_testing import EAGER_TOL, HAS_CUDA, CUDA_SKIP_REASON, DEVICES  # noqa: F401  (re-exported)
 
 aten = torch.ops.aten

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from torch_fused_ops import bench
+from torch_fused_ops.tools import bench
 
 
 def test_bench_cpu_tiny(tmp_path, capsys):
@@ -30,7 +30,7 @@ def test_median_us_hide_host_measures_the_device_cuda():
     # the host's enqueueing, or the two would agree. (Blocks stay well under the driver's queue of pending
     # launches, past which the host would wait for the device.) A device-heavy call gives the same figure both
     # ways.
-    from torch_fused_ops._timing import median_us
+    from torch_fused_ops.tools.timing import median_us
 
     dev = torch.device("cuda")
     t = torch.ones(16, device=dev)
@@ -63,7 +63,7 @@ def test_main_command_reaches_the_bench():
     r = subprocess.run(["bash", os.path.join(root, "scripts", "demo.sh"), "bench", "--help"], capture_output=True,
                        text=True, env=dict(os.environ, SKIP_SETUP="1"))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "python -m torch_fused_ops.bench" in r.stdout and "--model-configs" in r.stdout
+    assert "python -m torch_fused_ops.tools.bench" in r.stdout and "--model-configs" in r.stdout
 
 
 def test_gpu_script_plan_and_options():

@@ -3,7 +3,7 @@ merged across runs), and its floors are the documented formulas."""
 import json
 import math
 
-from torch_fused_ops import bench_train
+from torch_fused_ops.tools import bench_train
 
 
 def test_bench_train_cpu_tiny(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The fused convolution's backward ops at pooled resolution (fused._conv_transpose3d_post_pool_grad_conv,
 _grad_weight, _grad_input) against eager autograd of the unfused chain; their layouts, fakes, opcheck and errors.
-CPU runs the aten composite; CUDA (float32/bf16/fp16) the kernels of csrc/conv_post_pool_backward.h."""
+CPU runs the aten composite; CUDA (float32/bf16/fp16) the kernels of csrc/conv_transpose3d_post_pool/backward_contract.h."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode

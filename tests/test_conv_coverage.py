@@ -1,4 +1,4 @@
-"""_conv_coverage.fused_kernel_applies, the fusion pass's copy of the C++ op's choice between its fused CUDA kernel
+"""conv_transpose3d_post_pool_coverage.fused_kernel_applies, the fusion pass's copy of the C++ op's choice between its fused CUDA kernel
 and its composite: argument spellings, each deviation, fake tensors and symbolic sizes (never raising, never
 guarding), and on CUDA the op's own choice (seen in the profiler: the composite calls aten's convolution)."""
 import pytest
@@ -7,8 +7,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
-from torch_fused_ops import _geometry
-from torch_fused_ops._conv_coverage import fused_kernel_applies
+from torch_fused_ops.ops import common as _geometry
+from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import fused_kernel_applies
 
 HAS_CUDA = torch.cuda.is_available()
 DEFAULT = dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, kernel_size=2, pool_stride=2,

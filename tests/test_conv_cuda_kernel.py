@@ -1,4 +1,4 @@
-"""The fused transposed-convolution CUDA kernel (csrc/cuda/conv_post_pool_*), through the operators
+"""The fused transposed-convolution CUDA kernel (csrc/conv_transpose3d_post_pool/cuda/), through the operators
 fused::conv_transpose3d_post_pool and fused::conv_transpose3d_post_pool_with_offsets.
 
 Two kinds of reference, both eager:
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # TORCH_FUSED_OPS_CONV_KERNEL_DEV=1 runs these tests on the kernel alone, built by
-# benchmarks/conv_post_pool_kernel.py (for kernel work without the rest of the extension); otherwise through the
+# benchmarks/conv_transpose3d_post_pool/forward_kernel.py (for kernel work without the rest of the extension); otherwise through the
 # operators.
 _DEV = os.environ.get("TORCH_FUSED_OPS_CONV_KERNEL_DEV", "0") == "1"
 _dev_ext = None

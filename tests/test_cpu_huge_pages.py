@@ -1,4 +1,4 @@
-"""The CPU kernels ask Linux for transparent huge pages on their large outputs (csrc/cpu_huge_pages.h).
+"""The CPU kernels ask Linux for transparent huge pages on their large outputs (csrc/common/cpu_huge_pages.h).
 
 The kernel records the advice as the "hg" flag of the output's memory mapping in /proc/self/smaps, whatever the
 system's THP mode, so this checks the request itself; the speed-up is in docs/performance.md (CPU, night).

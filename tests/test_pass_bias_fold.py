@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from torch_fused_ops import fusion_pass, pass_config
+from torch_fused_ops.compile import fusion_pass, pass_config
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from pass_testing import compile_run
 from pass_testing import _isolated_inductor  # noqa: F401  (the autouse fixture of the pass tests)

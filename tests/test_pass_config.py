@@ -13,7 +13,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_fused_ops
-from torch_fused_ops.fusion_pass import PostPoolFusionPass
+from torch_fused_ops.compile.fusion_pass import PostPoolFusionPass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from fused_testing import DEVICES, make_input
 from pass_testing import _isolated_inductor, assert_matches_eager, categories, compile_run  # noqa: F401

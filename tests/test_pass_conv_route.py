@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_fused_ops import fusion_pass, pass_config
+from torch_fused_ops.compile import fusion_pass, pass_config
 from pass_testing import RewriteBackend, _isolated_inductor  # noqa: F401
 
 POST_POOL = torch.ops.fused.post_pool.default

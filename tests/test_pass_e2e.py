@@ -209,7 +209,7 @@ def test_automatic_dynamic_recompile(mark_dynamic, device):
     matched = torch_fused_ops.matched_count() - before
     # automatic: static graph for batch 2, then one dynamic graph; mark_dynamic: one dynamic graph.
     assert matched == (1 if mark_dynamic else 2), f"matched {matched} graphs"
-    assert torch_fused_ops.fusion_pass.PostPoolFusionPass is type(torch._inductor.config.pre_grad_custom_pass)
+    assert torch_fused_ops.compile.fusion_pass.PostPoolFusionPass is type(torch._inductor.config.pre_grad_custom_pass)
     assert torch._inductor.config.pre_grad_custom_pass.last_matched_count == 1
 
 

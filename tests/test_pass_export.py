@@ -73,7 +73,7 @@ def test_rewrite_matches_exported_aten_graph(decompose):
         ep = ep.run_decompositions()
     gm = ep.graph_module
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    n = torch_fused_ops.fusion_pass.rewrite(gm.graph)
+    n = torch_fused_ops.compile.fusion_pass.rewrite(gm.graph)
     assert n == 1, f"rewrite returned {n} on the exported graph {targets}"
     assert FUSED in [nd.target for nd in gm.graph.nodes if nd.op == "call_function"]
     gm.recompile()
@@ -105,7 +105,7 @@ def test_conv_route_matches_exported_aten_graph(decompose, setting, want):
         ep = ep.run_decompositions()
     gm = ep.graph_module
     with pass_config.patch(fuse_conv_transpose=setting, fold_conv_bias="off"):
-        assert torch_fused_ops.fusion_pass.rewrite(gm.graph) == 1
+        assert torch_fused_ops.compile.fusion_pass.rewrite(gm.graph) == 1
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     convs = [t for t in targets if "conv" in str(t) and "post_pool" not in str(t)]
     if want == "conv":

@@ -293,7 +293,7 @@ def test_rewrite_on_plain_fx_graph_and_idempotent():
     gm = torch.fx.symbolic_trace(lambda x, m: chain(x, m, 0.3))
     x, m = make_input(SHAPE), mult("C111", torch.float32, "cpu")
     # symbolic_trace graphs carry no example values: the pass cannot prove dtype/shape facts, so must refuse
-    assert torch_fused_ops.fusion_pass.rewrite(gm.graph) == 0
+    assert torch_fused_ops.compile.fusion_pass.rewrite(gm.graph) == 0
     # with shape propagation the values are known and the chain is fused
     from torch.fx.passes.shape_prop import ShapeProp
     ShapeProp(gm).propagate(x, m)
@@ -301,8 +301,8 @@ def test_rewrite_on_plain_fx_graph_and_idempotent():
         if "tensor_meta" in n.meta and "val" not in n.meta:
             n.meta["val"] = torch.empty_strided(n.meta["tensor_meta"].shape, n.meta["tensor_meta"].stride,
                                                 dtype=n.meta["tensor_meta"].dtype, device="meta")
-    assert torch_fused_ops.fusion_pass.rewrite(gm.graph) == 1
-    assert torch_fused_ops.fusion_pass.rewrite(gm.graph) == 0
+    assert torch_fused_ops.compile.fusion_pass.rewrite(gm.graph) == 1
+    assert torch_fused_ops.compile.fusion_pass.rewrite(gm.graph) == 0
     gm.recompile()
     with torch.no_grad():
         torch.testing.assert_close(gm(x, m), chain(x, m, 0.3), rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_fused_ops
-from torch_fused_ops import fusion_pass, pass_config
+from torch_fused_ops.compile import fusion_pass, pass_config
 from fused_testing import DEVICES, EAGER_TOL, assert_bitwise_equal, make_input, make_multiplier
 from pass_testing import (DTYPES, FUSED, RewriteBackend, _isolated_inductor, categories,  # noqa: F401
                           compile_run, fused_nodes)

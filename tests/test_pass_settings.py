@@ -12,7 +12,7 @@ import torch
 
 import torch_fused_ops
 from torch_fused_ops import envs, fusion_pass, pass_config
-from torch_fused_ops.pass_config import PassConfig
+from torch_fused_ops.compile.pass_config import PassConfig
 
 PKG = os.path.dirname(torch_fused_ops.__file__)
 

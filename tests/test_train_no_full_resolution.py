@@ -1,7 +1,7 @@
 """A compiled training step of the unmodified Model never allocates a tensor at the convolution's full resolution.
 
 With the pass (default settings) the forward is the fused convolution at pooled resolution, and its backward
-works from the pooled-resolution gradient (csrc/conv_post_pool_backward.h): no tensor of the full-resolution
+works from the pooled-resolution gradient (csrc/conv_transpose3d_post_pool/backward_contract.h): no tensor of the full-resolution
 conv output's size (or larger) should exist during the step, in either direction. The allocator's memory history
 sees every block handed out during the step, Inductor's buffers and the kernels' own outputs alike (a kernel
 can only touch a fresh full-resolution tensor that was allocated); tensors that existed before the step are
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import torch_fused_ops
-from torch_fused_ops._memory_trace import allocations_during, describe
+from torch_fused_ops.tools.memory_trace import allocations_during, describe
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 
 pytestmark = [

@@ -4,7 +4,7 @@
 fake/autograd registrations, and installs the Inductor pass that rewrites LeakyReLU -> x multiplier ->
 LeakyReLU -> MaxPool3d chains in torch.compile graphs to ``fused.post_pool`` (set TORCH_FUSED_OPS_DISABLE=1
 before import to skip that; see :func:`enable`, :func:`disable`, :func:`fusion_enabled`; what the pass folds
-and fuses: :mod:`torch_fused_ops.pass_config`; environment variables: :mod:`torch_fused_ops.envs`).
+and fuses: :mod:`torch_fused_ops.compile.pass_config`; environment variables: :mod:`torch_fused_ops.envs`).
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ except ImportError as e:  # pragma: no cover - depends on the build
 
 __version__ = "0.1.0"
 
-from .ops import post_pool, reference_post_pool  # noqa: E402
-from .conv_ops import conv_transpose3d_post_pool  # noqa: E402
-from ._install import disable, enable, fusion_enabled, install, is_enabled, matched_count  # noqa: E402
-from . import envs, pass_config  # noqa: E402
-from .pass_config import PassConfig  # noqa: E402
+from .ops import conv_transpose3d_post_pool, post_pool, reference_post_pool  # noqa: E402
+from .compile.install import disable, enable, fusion_enabled, install, is_enabled, matched_count  # noqa: E402
+from . import envs  # noqa: E402
+from .compile import pass_config  # noqa: E402
+from .compile.pass_config import PassConfig  # noqa: E402
 
 # The CPU kernels' huge-page advice, from the environment, once per process.
 torch.ops.fused._set_cpu_huge_pages(envs.TORCH_FUSED_OPS_CPU_HUGE_PAGES)

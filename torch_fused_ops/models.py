@@ -27,7 +27,7 @@ class ConvTransposeLeakyMulLeakyPool(nn.Module):
 
 def fused_forward(model: ConvTransposeLeakyMulLeakyPool, x: torch.Tensor) -> torch.Tensor:
     """The same forward with the epilogue as one fused.post_pool call (what the Inductor pass will produce)."""
-    from .ops import post_pool
+    from .ops.post_pool import post_pool
 
     y = model.conv_transpose(x)
     pool = model.max_pool

@@ -1,0 +1,40 @@
+// The contract between fused::conv_transpose3d_post_pool's host code (csrc/conv_transpose3d_post_pool/:
+// checks, allocation, composite fallback, registration) and its fused CUDA kernel (csrc/conv_transpose3d_post_pool/cuda/).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+
+namespace fused {
+
+// Launches the fused kernel for
+//   max_pool3d(leaky(leaky(conv_transpose3d(input, weight, bias), s1) * multiplier, s2), kernel 2, stride 2)
+// with convolution kernel 3, stride 2, padding 1, groups 1, dilation 1, output_padding 0 or 1 per dim.
+// Preconditions (the caller checks them; the launcher only TORCH_INTERNAL_ASSERTs):
+//   - every tensor on the current CUDA device (the caller holds the device guard), one dtype for input, weight,
+//     bias, multiplier, out and selected: float32, bfloat16 or float16;
+//   - input [N, Cin, D, H, W], contiguous or channels_last_3d; weight [Cin, Cout, 3, 3, 3], contiguous or
+//     channels_last_3d (read in place: no host-side packing);
+//   - bias undefined, or 1-D contiguous with Cout elements; multiplier contiguous with 1 or Cout elements;
+//   - out [N, Cout, PD, PH, PW] with P* = D* - 1 + output_padding[*], contiguous or channels_last_3d; selected
+//     (same dtype) and offsets (uint8) undefined for inference, else allocated like out in the same memory format;
+//   - N, Cin, Cout may be 0 (the launcher returns at once) and need not be multiples of anything.
+// selected receives the convolution output (bias included) at the tap the pool chose, offsets its window offset
+// (jd*2 + jh)*2 + jw, with max_pool3d's rules: ties keep the first tap, the last NaN wins, a window whose every
+// value is -inf reports its first tap.
+// allow_tf32: float32 on TF32 tensor cores (operands rounded to nearest, as cuDNN); false keeps float32 accuracy.
+// Never synchronises with the device; launches on the current stream. Only where
+// conv_transpose3d_post_pool_cuda_fits.
+void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                                            const at::Tensor& multiplier, double negative_slope,
+                                            double negative_slope2, std::array<int64_t, 3> output_padding,
+                                            bool allow_tf32, const at::Tensor& out, const at::Tensor& selected,
+                                            const at::Tensor& offsets);
+
+// Whether the kernel's shared memory for this dtype and input channel count fits CUDA device `device` (compute
+// capability 8.6 / 8.9 allow 99 KB per block: float32 with more than 16 input channels, 16-bit with more than 32,
+// do not). Independent of the TF32 switch.
+bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device);
+
+}  // namespace fused

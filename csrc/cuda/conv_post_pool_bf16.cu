@@ -1,9 +1,0 @@
-// The fused transposed-convolution kernels for bfloat16 operands, float32 accumulation; one file per precision so
-// that the instantiations compile in parallel.
-#include "conv_post_pool_kernel.cuh"
-
-namespace fused {
-namespace conv_pool {
-template void launch_mode<Mode::kBF16>(const Params& p, int mt, bool train, cudaStream_t stream);
-}  // namespace conv_pool
-}  // namespace fused
