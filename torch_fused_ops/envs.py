@@ -1,36 +1,23 @@
-"""Every user-facing environment variable of torch_fused_ops, declared once: its name, meaning and default.
+"""Every environment variable torch_fused_ops reads, declared once: name, default, meaning, parser.
 
 Read an attribute of this module to get a variable's current value, parsed (``envs.TORCH_FUSED_OPS_DISABLE``).
-Values are read from ``os.environ`` on each access, not cached here: a module that must decide once per process
-(the install at import, a kernel-config choice made at import) reads the attribute once and keeps the result,
-and says so. No other package module reads ``os.environ`` for these names.
-
-Run time:
-
-``TORCH_FUSED_OPS_DISABLE`` (default unset, i.e. off)
-    Any value other than empty or ``0`` set before ``import torch_fused_ops`` skips installing the Inductor
-    pass (``torch_fused_ops.enable()`` still installs it later). Read once, at import.
-``TORCH_FUSED_OPS_CPU_HUGE_PAGES`` (default ``1``)
-    ``0`` stops the CPU kernels from asking Linux for transparent huge pages (``madvise``) on their own large
-    outputs (where memory is fragmented, a huge-page fault can stall while the kernel compacts memory). Any
-    other value keeps the advice on. Read once per process.
-
-Build time only (read by setup.py while compiling the extension; they change nothing at run time):
-
-``TORCH_CUDA_ARCH_LIST``
-    CUDA architectures to compile for (setup.py defaults it to ``8.0;9.0``).
-``TORCH_FUSED_OPS_NO_CUDA``
-    ``1`` builds the CPU kernels only, even with a CUDA build of torch.
-``TORCH_FUSED_OPS_NO_OPENMP``
-    ``1`` builds the CPU kernels without OpenMP.
-``CUDA_HOME`` (or ``CUDA_PATH``)
-    The CUDA toolkit to build with (setup.py looks for ``nvcc`` when neither is set).
+Values come from ``os.environ`` on each access, not cached here: a module that must decide once per process reads
+the attribute once and keeps the result, and says so. No other package module reads ``os.environ`` for these names.
+The variables and their meanings are listed at the end of this docstring, generated from the entries below.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    default: str
+    description: str
+    parse: Callable[[str], Any] | None = None  # None: read by setup.py only, at build time
 
 
 def _set_and_not_zero(name: str) -> bool:
@@ -41,24 +28,52 @@ def _not_zero(name: str) -> bool:
     return os.environ.get(name) != "0"
 
 
-# name -> parser of its current value. Adding a variable means adding it here and to the docstring above.
-environment_variables: dict[str, Callable[[], Any]] = {
-    "TORCH_FUSED_OPS_DISABLE": lambda: _set_and_not_zero("TORCH_FUSED_OPS_DISABLE"),
-    "TORCH_FUSED_OPS_CPU_HUGE_PAGES": lambda: _not_zero("TORCH_FUSED_OPS_CPU_HUGE_PAGES"),
+# Run time: the package reads these.
+environment_variables: dict[str, Variable] = {
+    "TORCH_FUSED_OPS_DISABLE": Variable(
+        "unset (off)",
+        "Any value other than empty or ``0`` set before ``import torch_fused_ops`` skips installing the Inductor "
+        "pass (``torch_fused_ops.enable()`` still installs it later). Read once, at import.",
+        _set_and_not_zero),
+    "TORCH_FUSED_OPS_CPU_HUGE_PAGES": Variable(
+        "``1``",
+        "``0`` stops the CPU kernels from asking Linux for transparent huge pages (``madvise``) on their own large "
+        "outputs (where memory is fragmented, a huge-page fault can stall while the kernel compacts memory). Any "
+        "other value keeps the advice on. Read once per process, at import.",
+        _not_zero),
 }
 
-# Read by setup.py only; listed so that a check for undeclared variables can tell them from run-time ones.
-BUILD_TIME_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "TORCH_FUSED_OPS_NO_CUDA", "TORCH_FUSED_OPS_NO_OPENMP", "CUDA_HOME",
-                        "CUDA_PATH")
+# Build time: setup.py reads these while compiling the extension; they change nothing at run time.
+build_time_variables: dict[str, Variable] = {
+    "TORCH_CUDA_ARCH_LIST": Variable("``8.0;9.0``", "CUDA architectures to compile for."),
+    "TORCH_FUSED_OPS_NO_CUDA": Variable("unset", "``1`` builds the CPU kernels only, even with a CUDA build of torch."),
+    "TORCH_FUSED_OPS_NO_OPENMP": Variable(
+        "unset", "``1`` builds the CPU kernels without OpenMP (they then run on one thread)."),
+    "CUDA_HOME": Variable("found from the real ``nvcc``",
+                          "The CUDA toolkit to build with; without it setup.py follows the ``nvcc`` on PATH, also "
+                          "through a wrapper script (torch_fused_ops/tools/harness.py)."),
+    "CUDA_PATH": Variable("unset", "Read as CUDA_HOME when CUDA_HOME is unset."),
+}
+BUILD_TIME_VARIABLES = tuple(build_time_variables)
 
 if TYPE_CHECKING:  # the attributes this module provides
     TORCH_FUSED_OPS_DISABLE: bool
     TORCH_FUSED_OPS_CPU_HUGE_PAGES: bool
 
 
+def _describe(title: str, variables: dict[str, Variable]) -> str:
+    lines = [f"\n{title}\n"]
+    for name, v in variables.items():
+        lines.append(f"``{name}`` (default {v.default})\n    {v.description}\n")
+    return "".join(lines)
+
+
+__doc__ += _describe("Run time:", environment_variables) + _describe("Build time (setup.py):", build_time_variables)
+
+
 def __getattr__(name: str) -> Any:
     if name in environment_variables:
-        return environment_variables[name]()
+        return environment_variables[name].parse(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

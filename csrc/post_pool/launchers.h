@@ -38,16 +38,15 @@ struct ParamGrads {
 // the H200, docs/performance.md), and are what every public op uses; the private op
 // fused::_post_pool_backward_tuned takes others, for the sweep and for the tests that compare the forms.
 struct BackwardTuning {
-  // Packs per thread of the channels_last 2x2x2 kernel (1, 2, 4 or 8); 0: by dtype, 8 for float32 (94.7 us
-  // against 97.7 / 105.4 / 102.4 for 1 / 2 / 4), 2 for 16-bit types (bfloat16 51.5 us against 55.8 / 56.4 / 53.6
-  // for 1 / 4 / 8).
+  // Packs per thread of the channels_last 2x2x2 kernel (1, 2, 4 or 8); 0: by dtype, the sweep's fastest: 8 for
+  // float32, 2 for 16-bit types.
   int cl_items = 0;
   // Programmatic dependent launches between the backward's kernels (Hopper and later; plain elsewhere and inside
   // CUDA-graph captures). Changes no result.
   bool dependent_launches = true;
-  // The single-launch form of the per-channel sum where it would otherwise take two passes (6.1-7.9 us against
-  // 7.7-8.8 us). It adds in another order, so the parameter gradients may differ in their last bits from the
-  // two-pass form; each is deterministic.
+  // The single-launch form of the per-channel sum where it would otherwise take two passes (faster there in the
+  // sweep). It adds in another order, so the parameter gradients may differ in their last bits from the two-pass
+  // form; each is deterministic.
   bool single_launch_sum = true;
 };
 

@@ -155,9 +155,9 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.chunk_words = chunk_words_for(dtype, Cin, &padded);
   p.nchunks = static_cast<int>(ceil_div(padded, p.chunk_words));
 
-  // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles (H200,
-  // KernelBench size: TF32 110 against 115 us for one tile, bf16 77 against 87, strict 197 against 214); small
-  // problems take 128-position blocks to spread over more multiprocessors.
+  // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles (faster for
+  // every precision at the KernelBench size: benchmarks/conv_transpose3d_post_pool/forward_kernel.py --mts 1,2);
+  // small problems take 128-position blocks to spread over more multiprocessors.
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

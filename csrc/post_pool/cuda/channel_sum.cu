@@ -125,10 +125,10 @@ __global__ void __launch_bounds__(kSumThreads) channel_partials_sum_kernel(
 // The single-launch form (the default where the sum would otherwise take two passes): the same per-range sums go
 // to mid, [operands, splits, C] doubles; the block counted last then sums mid over the ranges, in a fixed order
 // whichever block that is, into the results.
-// This replaced a second launch that, like the first, was latency-bound: on the H200 the two took 8.0-8.8 us per
-// channels_last call (the contiguous layout's single pass 3.1-4.8 us) against main kernels of 46-91 us. The
-// counter is zeroed by the main backward kernel, which completes before this grid reads it. All fences here are
-// in this small kernel; in the main kernel they cost up to a fifth of its time.
+// Why one launch: a second pass would be latency-bound like the first, and where two passes are needed they cost
+// more than this grid's fold (benchmarks/post_pool/backward_sweep.py, docs/performance.md). The counter is zeroed by
+// the main backward kernel, which completes before this grid reads it. All fences are in this small kernel; in the
+// main kernel they cost up to a fifth of its time.
 template <typename out_t>
 __global__ void __launch_bounds__(kSumThreads) channel_partials_fold_kernel(
     const float* __restrict__ src0, const float* __restrict__ src1, double* __restrict__ mid,
@@ -206,9 +206,8 @@ ChannelSumPlan plan_channel_sum(int64_t C, int64_t R, int64_t parts, int operand
   p.C = C, p.R = R, p.K = C > 0 && R > 0 ? parts / C : 0;
   if (p.K == 0) return p;
   p.first = channel_sum_shape(C, R, p.K, kSumMaxSplits);
-  // Only where the sum would otherwise take two passes (per-pack partials, or very large inputs): on the H200 the
-  // fold kernel took 6.1-7.9 us against 7.7-8.8 us for two passes, but 4.7-5.1 us against 3.1-4.6 us where a single
-  // pass sufficed (benchmarks/post_pool/backward_sweep.py).
+  // Only where the sum would otherwise take two passes (per-pack partials, or very large inputs): there the fold
+  // kernel is faster than a second pass, while a lone pass beats it (benchmarks/post_pool/backward_sweep.py).
   if (single_launch_sum && p.first.splits > 1) p.fold = fold_sum_shape(p.first, C, p.K);
   if (p.fold) {
     const int64_t mid_bytes = operands * p.fold->splits * C * 8;

@@ -11,8 +11,8 @@
 //   after its loads were issued, so the loads' latency hides behind the mma. One barrier per unit then publishes
 //   the next buffer. The weight of up to two chunks stays resident; past that, each unit's chunk is staged into
 //   buffer (unit & 1) at the start of the previous unit.
-// (The 16-bit modes measured slower in this form, 57 against 53 us at the KernelBench size on an H200, and strict
-// float32 slower too, 252 against 212 us: they keep the single-buffered kernel.)
+// The 16-bit modes and strict float32 measured slower in this form (benchmarks/conv_transpose3d_post_pool/
+// grad_input_kernel.py), so they keep the single-buffered kernel.
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/grad_input/kernel.cuh"
