@@ -1,20 +1,10 @@
-"""fused::conv_transpose3d_post_pool[_with_offsets]: typed wrapper and fake impls.
+"""fused::conv_transpose3d_post_pool[_with_offsets] and its pooled-resolution backward ops: typed wrapper and fake impls.
 
-The op is ``post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)``. Its kernels and autograd
-are C++ (csrc/conv_transpose3d_post_pool/): on CUDA, where the fused kernel applies (kernel 3, stride 2,
-padding 1, output_padding 0 or 1, groups 1, a 2x2x2 pool; float32, bfloat16 or float16), one kernel computes the
-convolution at pooled resolution and never writes the full-resolution tensor; everywhere else aten's convolution
-followed by fused.post_pool. float32 follows cuDNN's TF32 switch for convolutions, as aten's convolution does.
-
-Autograd: the training forward saves, per pooled output, the convolution output it selected (bias included)
-and its window offset. Where the forward ran the fused CUDA kernel, backward stays at pooled resolution: the
-internal ops fused._conv_transpose3d_post_pool_grad_conv (the convolution output's gradient at the selected taps,
-and the bias and multiplier gradients), _grad_weight and _grad_input. Elsewhere it rebuilds the sparse gradient
-of the convolution output with fused.post_pool_backward, then runs aten's convolution backward. No
-full-resolution tensor lives between the forward and the backward.
-
-The fake impls below run the same checks as the C++ kernels (same exception types and wording) and give the
-outputs the kernels' exact strides.
+The op is ``post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)``. Kernels and autograd are C++
+(csrc/conv_transpose3d_post_pool/): a fused CUDA kernel at pooled resolution where it applies
+(conv_transpose3d_post_pool_coverage), aten's convolution then fused.post_pool elsewhere. The fake impls run the
+C++ checks (same exception types and wording) and give the outputs the kernels' exact strides. How it works:
+docs/design.md#fused-convolution.
 """
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
-"""Benchmark fused.post_pool against the eager composite and torch.compile of the composite, and the whole Model.
+"""Benchmark fused.post_pool against the eager composite and torch.compile of it, and the whole KernelBench Model.
 
     python -m torch_fused_ops.tools.bench [--device cuda|cpu] [--dtypes float32,bfloat16]
-                                    [--layouts contiguous,channels_last_3d] [--shapes "N,C,D,H,W;..."]
-                                    [--no-compile] [--no-model] [--reps N] [--out DIR]
-                                    [--model-configs fp32,bf16,fp32-b1,fp32-strict]
+        [--layouts contiguous,channels_last_3d] [--shapes "N,C,D,H,W;..."] [--no-compile] [--no-model] [--reps N]
+        [--out DIR] [--model-configs fp32,bf16,fp32-b1,fp32-strict]
 
-1. The op alone, forward and backward, for each shape (a sweep from launch-bound to bandwidth-bound sizes),
-   dtype and layout: eager composite, torch.compile of the composite (with our pass off), fused.post_pool.
-2. The whole KernelBench Model: eager, torch.compile without the pass, with it; forward and a training step
-   (forward + backward), with the training step's peak memory on CUDA; per configuration (float32 batch 16 by
-   default; also bfloat16, batch 1, and float32 with TF32 off).
-3. For every row the memory floor (bytes that must move / bandwidth of a device copy measured in this run) and
-   the fraction of it reached.
-
-On CUDA every op row has two times: the device's own time per call ("median us", the host enqueueing ahead of
-it, as triton.testing.do_bench arranges; this is what the floor bounds) and back-to-back calls as the host issues
-them ("call us", which is the host's time wherever the host is the slower side). The whole-Model rows are
-back-to-back calls, host included.
-
-Inputs rotate among several copies when one copy would fit in the cache, so small sizes are not timed out of
-L2. Progress goes to stderr; results to stdout as markdown, and to DIR as JSON and (with matplotlib) a PNG of
-time vs size with the floor drawn.
+Rows: the op alone (forward and backward per shape, dtype and layout) and the Model (eager, compiled without and
+with the pass: forward, training step, peak memory), each with its memory floor (columns:
+docs/performance.md#how-to-read-the-figures). Inputs rotate among copies so small sizes are not timed out of L2.
+Markdown to stdout; JSON and a PNG to DIR.
 """
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
-"""Benchmark fused.conv_transpose3d_post_pool (the whole KernelBench chain as one op) against eager PyTorch,
-torch.compile of the same chain (our pass off) and cuDNN's transposed convolution alone.
+"""Benchmark fused.conv_transpose3d_post_pool against eager PyTorch, torch.compile of the chain (pass off) and cuDNN's
+transposed convolution alone.
 
     python -m torch_fused_ops.tools.bench_conv [--device cuda|cpu] [--batches 16,1] [--precisions tf32,bf16,...]
-                                         [--reps N] [--out DIR]
+        [--reps N] [--out DIR]
 
-Precisions: tf32 (float32 with torch.backends.cudnn.allow_tf32 on, PyTorch's default), bf16, fp16, strict
-(float32 with TF32 off), tf32-train (the training forward, fused.conv_transpose3d_post_pool_with_offsets, which
-also writes the selected value and window offset per output).
-
-Each row gives the device's time per call ("median us": the host enqueues ahead of the device, see
-_timing.median_us(hide_host)), back-to-back calls as the host issues them ("call us"), the host's own time per
-call with the device held busy ("host us"), the memory floor (bytes that must move at the copy bandwidth measured
-in this run) and the math floor (the real taps' FLOPs at the tensor cores' dense peak for that precision), and the
-relative L2 error of the result against a float64 reference (the fused op beside cuDNN's own).
+Precisions: tf32, bf16, fp16, strict (float32, TF32 off), tf32-train (the training forward). Per row: device,
+call and host time per call, memory and math floors, relative L2 error against float64 beside cuDNN's (columns:
+docs/performance.md#how-to-read-the-figures).
 """
 from __future__ import annotations
 

@@ -1,37 +1,13 @@
 """Benchmark a training step of the unmodified KernelBench Model: eager, torch.compile without our pass, with it.
 
     python -m torch_fused_ops.tools.bench_train [--device cuda|cpu] [--configs tf32,tf32-xgrad,bf16,strict]
-                                          [--variants eager,pass-off,pass-on] [--small] [--batch N]
-                                          [--input D,H,W] [--reps N] [--out DIR]
-    python -m torch_fused_ops.tools.bench_train --ncu-step tf32     one pass-on step between cudaProfilerStart/Stop,
-                                                              for `ncu --profile-from-start off`
+        [--variants eager,pass-off,pass-on] [--small] [--batch N] [--input D,H,W] [--reps N] [--out DIR]
+    python -m torch_fused_ops.tools.bench_train --ncu-step tf32   (one pass-on step for ncu --profile-from-start off)
 
-A step is what a training loop does per batch, without the optimizer (no parameter update, no optimizer state):
-the parameters' .grad (and x's, when it requires grad) set to None, the forward, and backward of a fixed random
-gradient of the output (out.backward(g): no loss kernel, and a gradient with real strides, as a loss would give).
-Configurations: tf32 (float32, TF32 convolutions: PyTorch's default), tf32-xgrad (the same with x requiring
-grad: one more product, the input's gradient), bf16, strict (float32, TF32 off). "pass on" uses the package's
-default settings.
-
-Per row, on CUDA:
-  device us      the device's time per step: CUDA events around blocks of back-to-back steps, each block queued
-                 behind a sleep kernel so the device never waits for the host (_timing.median_us(hide_host));
-                 launch gaps between kernels count. Median over blocks, after warm-up steps.
-  host us        the host's time per step (the call time): successive step launches while a sleep kernel keeps
-                 the device busy (_timing.host_us); median over several such runs.
-  loop us        back-to-back steps as a loop issues them: the slower of host and device, per step.
-  kernel us      the sum of the step's CUDA kernel durations from torch.profiler (no launch gaps), per step.
-  peak MiB       torch.cuda.max_memory_allocated() during one step, minus memory_allocated() before it (the
-                 parameters, x and g are resting memory; the previous step's gradients were set to None first).
-  largest MiB    the largest block the caching allocator handed out during one step (its memory history): a
-                 full-resolution tensor shows here as 268 MB (float32, batch 16) whether or not it is kept.
-  floors         memory: the bytes the fused path must move (floor_bytes) at the copy bandwidth measured in
-                 this run; math: the products' FLOPs at the tensor cores' dense peak (bench_conv.PEAK_FLOPS).
-On CPU only the step's wall time (perf_counter median) and the memory floor are given.
-
-The pass-on rows also list the step's kernels (profiler, device µs per step). Progress goes to stderr; the
-markdown tables to stdout and DIR/bench_train.md; the rows to DIR/bench_train.json, merged with the rows already
-there (a row is replaced by the one of the same device, config, Model and size).
+A step: grads set to None, the forward, backward of a fixed gradient of the output (no loss, no optimizer). Per
+row: device, host and loop time per step, kernel time, peak and largest allocation, memory and math floors (what
+each column means: docs/performance.md#how-to-read-the-figures). Tables to stdout and DIR/bench_train.md, rows
+merged into DIR/bench_train.json.
 """
 from __future__ import annotations
 

@@ -44,18 +44,12 @@ def median_us(fn: Callable[[], object], device: torch.device, *, warmup: int = 5
               min_time_s: float = 0.0, block: int | None = None, hide_host: bool = False) -> float:
     """Median time of one fn() call in microseconds: CUDA events on GPU, perf_counter on CPU.
 
-    On CUDA each sample times a block of back-to-back calls between two events and divides by the block's length
-    (`block`, default: enough calls for ~2 ms, at most 20). That is the steady-state cost of a call, as inside a
-    model: the host's launch work overlaps the device's, and a call costs its host time only where the host is
-    the bottleneck (small sizes). Timing single calls between synchronizations would add the host's launch
-    latency to every kernel.
-
-    hide_host=True measures the device's own time per call instead: each block is preceded by a sleep kernel
-    long enough for the host to enqueue the whole block before the device reaches it, so the device never waits
-    for the host (launch gaps between kernels still count). It is what triton.testing.do_bench gets from the
-    cache-flush kernel it runs before each call, and it is the figure to compare with a memory floor: where the
-    host's work per call exceeds the device's (16-bit tensors at the default size on a slow host), the plain
-    block time is the host's.
+    On CUDA each sample times a block of back-to-back calls (`block`, default: enough for ~2 ms, at most 20) and
+    divides by its length: the steady-state cost of a call, the host's launch work overlapping the device's.
+    hide_host=True measures the device's own time instead: a sleep kernel before each block lets the host enqueue
+    the whole block first, so the device never waits for it (launch gaps still count), as
+    triton.testing.do_bench's cache flush does. That is the figure a memory floor bounds
+    (docs/performance.md#how-to-read-the-figures).
     """
     for _ in range(warmup):
         fn()
