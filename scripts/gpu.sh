@@ -30,7 +30,7 @@
 #             step (python -m torch_fused_ops.tools.bench_train --ncu-step $NCU_TRAIN_CONFIG, default tf32), the
 #             compilation and warm-up outside the profiled range (ncu --profile-from-start off).
 #   sass      the built library's machine code (cuobjdump -sass) for the kernels whose names match $SASS_KERNELS
-#             (a regex; default grad_weight_kernel|grad_input_kernel|conv_t3d_post_pool_kernel): per kernel, its
+#             (a regex; default grad_weight_kernel|grad_input_kernel|conv_transpose3d_post_pool_kernel): per kernel, its
 #             static instruction count and opcode mix, then the code itself, in sass.txt (what ncu's instruction
 #             counts are made of; this machine has no cuobjdump).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
@@ -243,7 +243,7 @@ if want ncu; then
       ncu_cmd=(env TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m torch_fused_ops.tools.bench_train
                --ncu-step "${NCU_TRAIN_CONFIG:-tf32}")
     else
-      ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|conv_t3d|grad_}")
+      ncu_range=(-k "regex:${NCU_KERNELS:-post_pool|channel_partials|grad_}")
       ncu_cmd=(python3 benchmarks/profile_kernels.py)
     fi
     # shellcheck disable=SC2086
@@ -264,7 +264,7 @@ if want sass; then
     note "sass: skipped (library: ${lib:-none}; cuobjdump: $(command -v cuobjdump || echo none))"
   else
     cuobjdump -sass "$lib" > "$T/sass_all.txt" 2>&1
-    python3 - "$T/sass_all.txt" "${SASS_KERNELS:-grad_weight_kernel|grad_input_kernel|conv_t3d_post_pool_kernel}" \
+    python3 - "$T/sass_all.txt" "${SASS_KERNELS:-grad_weight_kernel|grad_input_kernel|conv_transpose3d_post_pool_kernel}" \
       > "$OUT/sass.txt" <<'PY'
 import collections, re, sys
 text = open(sys.argv[1]).read()

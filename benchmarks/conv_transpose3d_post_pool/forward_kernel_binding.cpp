@@ -1,7 +1,7 @@
 // Development binding of the fused transposed-convolution kernel alone (benchmarks/conv_transpose3d_post_pool/forward_kernel.py):
 // allocates the outputs like the operator does and calls the launcher, so the kernel can be built, checked and
 // timed without the rest of the extension.
-#include "contract.h"
+#include "conv_transpose3d_post_pool/contract.h"
 
 #include <torch/extension.h>
 
@@ -9,9 +9,9 @@
 #include <vector>
 
 namespace fused {
-namespace conv_pool {
+namespace conv_transpose3d_post_pool {
 int& mt_override();
-}  // namespace conv_pool
+}  // namespace conv_transpose3d_post_pool
 }  // namespace fused
 
 namespace {
@@ -30,12 +30,12 @@ std::vector<at::Tensor> run(const at::Tensor& input, const at::Tensor& weight, c
     sel = at::full(shape, NAN, input.options()).contiguous(fmt);
     off = at::full(shape, 255, input.options().dtype(at::kByte)).contiguous(fmt);
   }
-  fused::conv_pool::mt_override() = static_cast<int>(mt);
+  fused::conv_transpose3d_post_pool::mt_override() = static_cast<int>(mt);
   fused::launch_conv_transpose3d_post_pool_cuda(input, weight, bias.has_value() ? *bias : at::Tensor(),
                                                 multiplier.reshape(-1), s1, s2,
                                                 {output_padding[0], output_padding[1], output_padding[2]},
                                                 allow_tf32, out, sel, off);
-  fused::conv_pool::mt_override() = 0;
+  fused::conv_transpose3d_post_pool::mt_override() = 0;
   if (train) return {out, sel, off};
   return {out};
 }
@@ -45,12 +45,12 @@ void run_into(const at::Tensor& input, const at::Tensor& weight, const std::opti
               const at::Tensor& multiplier, double s1, double s2, std::vector<int64_t> output_padding, bool allow_tf32,
               const at::Tensor& out, const std::optional<at::Tensor>& sel, const std::optional<at::Tensor>& off,
               int64_t mt) {
-  fused::conv_pool::mt_override() = static_cast<int>(mt);
+  fused::conv_transpose3d_post_pool::mt_override() = static_cast<int>(mt);
   fused::launch_conv_transpose3d_post_pool_cuda(input, weight, bias.has_value() ? *bias : at::Tensor(), multiplier,
                                                 s1, s2, {output_padding[0], output_padding[1], output_padding[2]},
                                                 allow_tf32, out, sel.has_value() ? *sel : at::Tensor(),
                                                 off.has_value() ? *off : at::Tensor());
-  fused::conv_pool::mt_override() = 0;
+  fused::conv_transpose3d_post_pool::mt_override() = 0;
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 # Each step gets what is left of a ${BUDGET:-285} s deadline. BASELINE_DIR (optional): a tree holding an earlier
 # version of the harness and kernel files (benchmarks/ and csrc/ as here, module name changed); it is built beside
 # this one and timed after it, for before/after figures from the same machine.
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
 S=benchmarks/conv_transpose3d_post_pool/grad_input_kernel.py
 left() { echo $(( ${BUDGET:-285} - SECONDS )); }

@@ -1,7 +1,7 @@
 """Host time per eager call of torch_fused_ops.conv_transpose3d_post_pool on CUDA (issue 17's target: <= 15 us).
 
 Each figure is the host's time for one call while a sleep kernel holds the device busy, so no call waits for the
-device (_timing.host_us): what the Python wrapper, the dispatcher, the C++ checks, the allocations and the launch
+device (torch_fused_ops.tools.timing.host_us): what the Python wrapper, the dispatcher, the C++ checks, the allocations and the launch
 cost the host, whatever the kernel costs. Rows: KernelBench size (input [N, 16, 16, 32, 32], weight
 [16, 32, 3, 3, 3]) at batch 16 and 1, float32 and bfloat16, inference and (separately) with gradients enabled,
 plus the raw op (torch.ops.fused..., no wrapper), the wrapper with Python's garbage collector paused, and

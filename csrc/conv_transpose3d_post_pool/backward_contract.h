@@ -1,5 +1,5 @@
-// The contract between the host side of the fused convolution's backward (csrc/conv_transpose3d_post_pool/backward.cpp:
-// checks, allocation, the composite fallback, registration) and its CUDA kernels (csrc/cuda/conv_post_pool_grad_*.cu).
+// The contract between the host side of the fused convolution's backward (backward.cpp: checks, allocation, the
+// composite fallback, registration) and its CUDA kernels (cuda/grad_conv.cu, cuda/grad_weight/, cuda/grad_input/).
 //
 // The backward of max_pool3d(leaky(leaky(conv_transpose3d(x, w, b), s1) * m, s2), 2, 2) needs the convolution
 // output's gradient only at the tap each pooled output selected (saved by the training forward as `selected` and
