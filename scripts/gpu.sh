@@ -35,10 +35,10 @@
 #             counts are made of; this machine has no cuobjdump).
 #   sanitize  compute-sanitizer on a pytest selection, once per tool in $SANITIZE_TOOLS (default "memcheck
 #             racecheck"; initcheck and synccheck work too), stopping at the first failing test:
-#             SANITIZE_TESTS (default: tests/test_{forward,autograd,bias,errors,opcheck}.py and
-#             tests/test_conv_cuda_kernel.py) with -k $SANITIZE_K (default: the CUDA cases, of the fused
-#             convolution's file only its non-finite and strict-unsafe-weight cases: the staging barriers that
-#             depend on the data, small enough for racecheck).
+#             SANITIZE_TESTS (default: tests/post_pool/test_{forward,autograd,bias,errors,opcheck}.py and
+#             tests/conv_transpose3d_post_pool/test_conv_cuda_kernel.py) with -k $SANITIZE_K (default: the CUDA
+#             cases, of the fused convolution's kernel file only its non-finite and strict-unsafe-weight cases: the
+#             staging barriers that depend on the data, small enough for racecheck).
 #             SANITIZE_TIMEOUT: per tool, s (default 200). memcheck runs with PyTorch's caching allocator off, so
 #             that an access past a tensor's end leaves its cudaMalloc block and is seen.
 #   EXTRA="cmd"   one more command after the tests (e.g. a sweep in benchmarks/), its output in extra.log.
@@ -52,13 +52,14 @@
 #
 # Examples (one 10-minute device call each):
 #   bash scripts/gpu.sh                                       the whole suite, then the bench
-#   TESTS="tests/test_autograd.py tests/test_bias.py" TESTS_K=cuda SANITIZE_TESTS="tests/test_autograd.py" \
-#     bash scripts/gpu.sh tests sanitize                      a selection, then memcheck + racecheck on part of it
+#   TESTS="tests/post_pool/test_autograd.py tests/post_pool/test_bias.py" TESTS_K=cuda \
+#     SANITIZE_TESTS="tests/post_pool/test_autograd.py" bash scripts/gpu.sh tests sanitize
+#                                                             a selection, then memcheck + racecheck on part of it
 #   bash scripts/gpu.sh train                                 the training-step bench, every config
 #   NCU_TRAIN=1 bash scripts/gpu.sh ncu                       Nsight Compute over one pass-on TF32 training step
 #   NCU_TRAIN=1 NCU_TRAIN_CONFIG=tf32-xgrad NCU_ARGS="--section SpeedOfLight --metrics \
 #     dram__bytes_read.sum,dram__bytes_write.sum" bash scripts/gpu.sh ncu    the same with x's gradient, DRAM bytes
-#   TESTS=tests/test_train_no_full_resolution.py bash scripts/gpu.sh tests train
+#   TESTS=tests/conv_transpose3d_post_pool/test_train_no_full_resolution.py bash scripts/gpu.sh tests train
 #                                                             the step's no-full-resolution check, then the bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,8 +67,8 @@ cd "$(dirname "$0")/.."
 # The slow files, each group one shard, run whole (CPU cases included). Files that do not exist are dropped, so
 # retiring a file needs no edit here; a new slow file joins a group (or becomes one) on its line.
 HEAVY=(
-  "tests/test_conv_op.py tests/test_pass_e2e.py tests/test_compile_smoke.py"
-  "tests/test_pass_conv_route.py"
+  "tests/compile/test_pass_conv_route_model.py tests/compile/test_pass_e2e.py tests/compile/test_compile_smoke.py"
+  "tests/compile/test_pass_conv_route.py"
 )
 # Workers per shard when pytest-xdist is installed (the heavy files' time is compilation, on the CPU).
 XDIST_HEAVY=3
@@ -285,7 +286,7 @@ fi
 
 # ---- compute-sanitizer ------------------------------------------------------------------------------------
 if want sanitize; then
-  sel=${SANITIZE_TESTS:-tests/test_forward.py tests/test_autograd.py tests/test_bias.py tests/test_errors.py tests/test_opcheck.py tests/test_conv_cuda_kernel.py}
+  sel=${SANITIZE_TESTS:-tests/post_pool/test_forward.py tests/post_pool/test_autograd.py tests/post_pool/test_bias.py tests/post_pool/test_errors.py tests/post_pool/test_opcheck.py tests/conv_transpose3d_post_pool/test_conv_cuda_kernel.py}
   sanitize_k=${SANITIZE_K:-cuda and not (test_conv_cuda_kernel and not (strict_unsafe or nonfinite))}
   : > "$OUT/sanitize.log"
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do

@@ -5,8 +5,9 @@ import tempfile
 import pytest
 import torch
 
-# Test modules import their helpers as `fused_testing`; make that work however
-# pytest is invoked (rootdir, import mode).
+# Test modules in every folder import the shared helpers as `fused_testing`; make that work however pytest is
+# invoked (rootdir, import mode). A folder's own helpers (pass_testing, conv_backward_testing, ...) sit next to its
+# tests, where pytest's default (prepend) import mode finds them.
 sys.path.insert(0, os.path.dirname(__file__))
 
 try:
@@ -20,6 +21,8 @@ except ImportError:  # pragma: no cover
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: torch.compile smoke tests (tens of seconds)")
+    config.addinivalue_line("markers", "pass_settings(**changes): the pass_config changes a compile test runs under "
+                                       "(tests/compile/conftest.py applies them)")
 
 
 @pytest.fixture(autouse=True)
@@ -32,21 +35,3 @@ def _deterministic_defaults():
     yield
     torch.set_default_dtype(dtype)
     torch.set_grad_enabled(grad_enabled)
-
-
-@pytest.fixture(autouse=True)
-def _pass_settings_for_post_pool_tests(request):
-    # The test_pass_* files check how the pass rewrites chains into fused.post_pool; the two CUDA-default routes
-    # that replace more than the chain have their own files (conv-bias fold: test_pass_bias_fold.py; the fused
-    # transposed convolution: test_conv_op.py, test_pass_conv_route.py) and are switched off elsewhere.
-    name = request.module.__name__.rpartition(".")[2]
-    if not name.startswith("test_pass_"):
-        yield
-        return
-    from torch_fused_ops import pass_config
-
-    changes = {"fuse_conv_transpose": "off"}
-    if name != "test_pass_bias_fold":
-        changes["fold_conv_bias"] = "off"
-    with pass_config.patch(**changes):
-        yield

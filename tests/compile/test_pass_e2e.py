@@ -16,7 +16,8 @@ from fused_testing import DEVICES, make_input, make_multiplier, requires_cuda
 from pass_testing import (DTYPES, _isolated_inductor, as_tuple, assert_matches_eager, compile_run,  # noqa: F401
                           compile_run_without_pass)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")]  # chains only (conftest.py)
 
 CIN, COUT = 16, 32
 X_SHAPE = (2, CIN, 4, 8, 8)  # conv output (2, 32, 8, 16, 16)

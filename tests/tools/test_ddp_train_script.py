@@ -9,7 +9,7 @@ import sys
 import pytest
 from fused_testing import free_local_port, requires_gloo
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [pytest.mark.slow, requires_gloo]
 

@@ -15,6 +15,8 @@ from fused_testing import DEVICES, EAGER_TOL, make_input, make_multiplier
 from pass_testing import (DTYPES, FUSED, RewriteBackend, _isolated_inductor, categories,  # noqa: F401
                           fused_nodes)
 
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
+
 C = 4
 SHAPE = (2, C, 6, 7, 8)
 

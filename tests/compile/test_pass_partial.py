@@ -17,6 +17,8 @@ from fused_testing import DEVICES, EAGER_TOL, assert_bitwise_equal, make_input, 
 from pass_testing import (DTYPES, FUSED, RewriteBackend, _isolated_inductor, categories,  # noqa: F401
                           compile_run, fused_nodes)
 
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
+
 C = 4
 SHAPE = (2, C, 6, 7, 8)
 FULL = torch.ops.aten.full.default

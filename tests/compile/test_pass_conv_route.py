@@ -15,6 +15,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch_fused_ops.compile import fusion_pass, pass_config
 from pass_testing import RewriteBackend, _isolated_inductor  # noqa: F401
 
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
+
 POST_POOL = torch.ops.fused.post_pool.default
 PUBLIC = torch.ops.fused.conv_transpose3d_post_pool.default
 FULL = torch.ops.aten.full.default

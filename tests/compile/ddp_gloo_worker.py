@@ -1,4 +1,4 @@
-"""One rank of tests/test_ddp_gloo.py: eager DDP and torch.compile(DDP) on CPU over gloo (loopback only).
+"""One rank of tests/compile/test_ddp_gloo.py: eager DDP and torch.compile(DDP) on CPU over gloo (loopback only).
 
     python ddp_gloo_worker.py RANK WORLD PORT OUT_JSON
 
@@ -81,5 +81,6 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]  # pass_testing here, fused_testing (which it imports) in tests/
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -11,7 +11,6 @@ Two kinds of reference, both eager:
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -19,17 +18,16 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-# TORCH_FUSED_OPS_CONV_KERNEL_DEV=1 runs these tests on the kernel alone, built by
-# benchmarks/conv_transpose3d_post_pool/forward_kernel.py (for kernel work without the rest of the extension); otherwise through the
-# operators.
+# TORCH_FUSED_OPS_CONV_KERNEL_DEV=1 runs these tests on the kernel alone, built by the packaged harness
+# (torch_fused_ops.tools.harness: the binding in benchmarks/conv_transpose3d_post_pool/ with the kernel's sources from
+# csrc/, for kernel work without rebuilding the extension); otherwise through the operators.
 _DEV = os.environ.get("TORCH_FUSED_OPS_CONV_KERNEL_DEV", "0") == "1"
 _dev_ext = None
 if torch.cuda.is_available():
     if _DEV:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-        import conv_post_pool_kernel as _dev_module
+        from torch_fused_ops.tools import harness
 
-        _dev_ext = _dev_module.build()
+        _dev_ext = harness.build("conv_transpose3d_post_pool_forward")
     else:
         import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
 

@@ -1,4 +1,4 @@
-"""Shared helpers for the tests of the Inductor fusion pass (tests/test_pass_*.py).
+"""Shared helpers for the tests of the Inductor fusion pass (tests/compile/).
 
 The expected values always come from eager PyTorch (the unfused chain); the node
 categories below are spelled out here rather than taken from fusion_pass, so a

@@ -9,6 +9,8 @@ from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from fused_testing import composite, make_input, make_multiplier
 from pass_testing import FUSED, _isolated_inductor, assert_matches_eager  # noqa: F401
 
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
+
 
 def tiny_model():
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
-"""conv_transpose3d_post_pool_coverage.fused_kernel_applies, the fusion pass's copy of the C++ op's choice between its fused CUDA kernel
-and its composite: argument spellings, each deviation, fake tensors and symbolic sizes (never raising, never
-guarding), and on CUDA the op's own choice (seen in the profiler: the composite calls aten's convolution)."""
+"""Where the fused convolution's CUDA kernel applies: conv_transpose3d_post_pool_coverage.fused_kernel_applies, the
+fusion pass's copy of the C++ op's choice between its fused CUDA kernel and its composite (argument spellings, each
+deviation, fake tensors and symbolic sizes: never raising, never guarding), and on CUDA the op's own choice, seen in
+the profiler (the composite calls aten's convolution), with its values against eager."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -9,6 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
 from torch_fused_ops.ops import common as _geometry
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import fused_kernel_applies
+from conv_testing import (CONFIGS, FUSED_CONFIGS, OPS, config_args, make_tensors, ran_aten_convolution,
+                          reference_config, requires_cuda)
 
 HAS_CUDA = torch.cuda.is_available()
 DEFAULT = dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, kernel_size=2, pool_stride=2,
@@ -191,3 +194,19 @@ def test_the_op_takes_the_fused_kernel_exactly_where_it_applies(device, label, c
     assert want == (device == "cuda" and label in ("kb", "kb-bf16-cl", "kb-fp16-op0", "mixed-op", "ceil-op1",
                                                    "empty-batch"))
     assert _ran_composite(x, w, b, m, a) == (not want)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_path_coverage_cuda(dtype, name):
+    # The fused kernel runs exactly for its configurations (no aten convolution then); the rest run the
+    # composite. Both agree with eager.
+    x, w, b, m = make_tensors(dtype, "cuda", cin=16, cout=32, spatial=(3, 4, 5))
+    args = config_args(x, w, b, m, CONFIGS[name])
+    out = OPS.conv_transpose3d_post_pool(*args)
+    ran_conv = ran_aten_convolution(lambda: OPS.conv_transpose3d_post_pool(*args))
+    assert ran_conv == (name not in FUSED_CONFIGS or dtype == torch.float64)
+    ref = reference_config(*(t.double() for t in (x, w, b, m)), CONFIGS[name]).to(dtype)
+    tol = dict(rtol=3e-2, atol=3e-2) if dtype in (torch.bfloat16, torch.float16) else dict(rtol=5e-3, atol=5e-3)
+    torch.testing.assert_close(out, ref, **tol)

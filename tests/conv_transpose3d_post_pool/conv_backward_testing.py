@@ -1,10 +1,12 @@
-"""Shared helpers of test_conv_backward*.py: inputs for the fused convolution's geometry (kernel 3, stride 2,
-padding 1, a 2x2x2 pool), the unfused chain's eager autograd, and the three backward ops applied to what the
-training forward saved. Expectations come from eager PyTorch only."""
+"""Shared helpers of test_conv_backward_ops.py, test_conv_autograd.py and test_conv_empty_batch.py: inputs for the
+fused convolution's geometry (kernel 3, stride 2, padding 1, a 2x2x2 pool), the unfused chain's eager autograd, the
+three backward ops applied to what the training forward saved, and the public wrapper's call. Expectations come from
+eager PyTorch only."""
 import torch
 import torch.nn.functional as F
 
 import torch_fused_ops  # noqa: F401  (registers the ops)
+from torch_fused_ops import conv_transpose3d_post_pool
 
 OPS = torch.ops.fused
 GRAD_CONV = OPS._conv_transpose3d_post_pool_grad_conv.default
@@ -77,3 +79,8 @@ def rel_l2(a, ref):
     a, ref = a.double(), ref.double()
     den = ref.norm().item()
     return (a - ref).norm().item() / (den if den > 0 else 1.0)
+
+
+# The public wrapper at the geometry above.
+def wrapper_call(x, w, b, m, s1=0.2, s2=0.3, op=1):
+    return conv_transpose3d_post_pool(x, w, b, m, s1, 2, 1, op, negative_slope2=s2)

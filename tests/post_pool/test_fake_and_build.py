@@ -9,7 +9,7 @@ import torch_fused_ops  # noqa: F401  (import failure must be loud, not a skip)
 from fused_testing import CHANNELS_LAST, make_input, make_multiplier, op_args, resolved_pool
 
 OPS = ["post_pool", "post_pool_with_offsets", "post_pool_backward"]
-# Registration is checked for these too (their metadata tests live in test_bias.py).
+# Registration is checked for these too (their metadata tests live in test_bias.py, beside this file).
 REGISTERED = OPS + ["post_pool_bias", "post_pool_bias_with_offsets", "post_pool_bias_backward"]
 
 

@@ -1,5 +1,6 @@
-"""Switching the fusion pass on and off, composing it with a user's pre-grad pass, its cache identity
-(uuid and Inductor's FX graph cache, in an isolated subprocess), and TORCH_FUSED_OPS_DISABLE."""
+"""Installing the fusion pass (torch_fused_ops/compile/install.py): switching it on and off, composing it with a
+user's pre-grad pass, its cache identity (uuid, the sources it hashes, and Inductor's FX graph cache, in an isolated
+subprocess), and TORCH_FUSED_OPS_DISABLE."""
 
 import json
 import os
@@ -13,12 +14,15 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_fused_ops
+from torch_fused_ops.compile import fusion_pass
 from torch_fused_ops.compile.fusion_pass import PostPoolFusionPass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from fused_testing import DEVICES, make_input
 from pass_testing import _isolated_inductor, assert_matches_eager, categories, compile_run  # noqa: F401
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def small_model(device="cpu"):
@@ -126,6 +130,25 @@ def test_uuid_composed_differs_and_is_stable():
     # the installed pass has the plain identity
     assert inductor_config.pre_grad_custom_pass.uuid() == u1
 
+
+
+def test_uuid_hashes_the_modules_the_rewrite_depends_on(monkeypatch):
+    # Compiled graphs bake in the pass's rewrite, the conv route's coverage check and the fake impls' strides: the
+    # cache key must change with the source of each of those modules.
+    import inspect
+
+    hashed = []
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: (hashed.append(getattr(obj, "__name__", "")), real(obj))[1])
+    fusion_pass._source_digest.cache_clear()
+    try:
+        fusion_pass._source_digest()
+    finally:
+        fusion_pass._source_digest.cache_clear()
+    want = {f"torch_fused_ops.{m}" for m in ("compile.fusion_pass", "compile.nodes", "compile.pass_config",
+                                             "ops.conv_transpose3d_post_pool_coverage", "ops.post_pool", "ops.common",
+                                             "ops.conv_transpose3d_post_pool")}
+    assert want <= set(hashed), want - set(hashed)
 
 def _run_python(code, env_extra, timeout=300):
     env = dict(os.environ)

@@ -1,7 +1,7 @@
 """torch.compile(DDP(model)) on CPU, two gloo ranks on 127.0.0.1: the graphs DDP's splitter cuts inside the chain
 are fused, and training gives eager DDP's parameters.
 
-The ranks are child processes (tests/ddp_gloo_worker.py) started with a deadline; they exit by themselves, and
+The ranks are child processes (tests/compile/ddp_gloo_worker.py) started with a deadline; they exit by themselves, and
 the test kills them (by pid) only when the deadline passes.
 """
 import json
@@ -15,7 +15,8 @@ import torch
 from fused_testing import free_local_port, requires_gloo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+TESTS = os.path.dirname(HERE)  # fused_testing, which pass_testing imports
+REPO = os.path.dirname(TESTS)
 DEADLINE_S = 420
 
 pytestmark = [pytest.mark.slow, requires_gloo]
@@ -25,7 +26,7 @@ def _run_ranks(tmp_path, world=2):
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1",
                TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-               PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([REPO, HERE, TESTS, os.environ.get("PYTHONPATH", "")]))
     env.pop("TORCH_FUSED_OPS_DISABLE", None)
     port = free_local_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]

@@ -8,7 +8,10 @@ from torch_fused_ops.compile import fusion_pass, pass_config
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from pass_testing import compile_run
 from pass_testing import _isolated_inductor  # noqa: F401  (the autouse fixture of the pass tests)
-from test_bias import DEVICES  # CUDA only with the post_pool_bias CUDA kernels present
+from fused_testing import DEVICES
+
+# The fused transposed convolution off, the conv-bias fold at the package's setting (conftest.py).
+pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off")
 
 
 @pytest.fixture
