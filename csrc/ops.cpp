@@ -83,10 +83,10 @@ TORCH_LIBRARY(fused, m) {
       {at::Tag::pt2_compliant_tag});
   // Internal: the fused convolution's backward at pooled resolution, for its geometry only (convolution kernel 3,
   // stride 2, padding 1, dilation 1, groups 1, output_padding 0 or 1 per dim; pool 2x2x2 with stride 2, uint8
-  // offsets). Kernels in csrc/conv_transpose3d_post_pool/backward.cpp (CUDA kernels: csrc/conv_transpose3d_post_pool/backward_contract.h;
-  // elsewhere an aten composite). The convolution output's gradient at each window's selected tap (grad_conv:
-  // grad_output's sizes, offsets' strides when those are contiguous or channels_last_3d, else contiguous), the
-  // bias gradient [C] and the multiplier gradient (its shape, contiguous).
+  // offsets). Kernels in csrc/conv_transpose3d_post_pool/backward.cpp (CUDA kernels:
+  // csrc/conv_transpose3d_post_pool/backward_contract.h; elsewhere an aten composite). The convolution output's
+  // gradient at each window's selected tap (grad_conv: grad_output's sizes, offsets' strides when those are contiguous
+  // or channels_last_3d, else contiguous), the bias gradient [C] and the multiplier gradient (its shape, contiguous).
   m.def(
       "_conv_transpose3d_post_pool_grad_conv(Tensor grad_output, Tensor selected, Tensor offsets, "
       "Tensor multiplier, float negative_slope, float? negative_slope2) "

@@ -1,5 +1,6 @@
-// Development binding of the fused convolution's backward kernels alone (benchmarks/conv_transpose3d_post_pool/backward_kernels.py):
-// allocates the outputs as the operators do (poisoned, so unwritten elements show) and calls the launchers.
+// Development binding of the fused convolution's backward kernels alone
+// (benchmarks/conv_transpose3d_post_pool/backward_kernels.py): allocates the outputs as the operators do (poisoned, so
+// unwritten elements show) and calls the launchers.
 #include "conv_transpose3d_post_pool/backward_contract.h"
 
 #include <torch/extension.h>

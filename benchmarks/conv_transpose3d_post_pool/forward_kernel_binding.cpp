@@ -1,6 +1,6 @@
-// Development binding of the fused transposed-convolution kernel alone (benchmarks/conv_transpose3d_post_pool/forward_kernel.py):
-// allocates the outputs like the operator does and calls the launcher, so the kernel can be built, checked and
-// timed without the rest of the extension.
+// Development binding of the fused transposed-convolution kernel alone
+// (benchmarks/conv_transpose3d_post_pool/forward_kernel.py): allocates the outputs like the operator does and calls the
+// launcher, so the kernel can be built, checked and timed without the rest of the extension.
 #include "conv_transpose3d_post_pool/contract.h"
 
 #include <torch/extension.h>

@@ -1,6 +1,7 @@
-// Development binding of the fused convolution's input-gradient kernel alone (benchmarks/conv_transpose3d_post_pool/grad_input_kernel.py):
-// allocates grad_input like the operator does (poisoned with NaN, so unwritten elements show) and calls the
-// launcher, so the kernel can be built, checked and timed without the rest of the extension.
+// Development binding of the fused convolution's input-gradient kernel alone
+// (benchmarks/conv_transpose3d_post_pool/grad_input_kernel.py): allocates grad_input like the operator does (poisoned
+// with NaN, so unwritten elements show) and calls the launcher, so the kernel can be built, checked and timed without
+// the rest of the extension.
 #include "conv_transpose3d_post_pool/backward_contract.h"
 
 #include <torch/extension.h>

@@ -7,10 +7,10 @@
 // output_padding 0 or 1; pool 2x2x2 with stride 2), where every pooled output's window holds the 8 phases of one
 // convolution-output 2x2x2 block and its offset names the phase it selected.
 //
-// On CUDA in float32, bfloat16 and float16 the kernels of csrc/conv_transpose3d_post_pool/backward_contract.h compute them without
-// a full-resolution tensor. Everything else (CPU, float64) runs a composite of aten ops: the same elementwise
-// formula, then the full-resolution sparse gradient and aten's convolution_backward (the reference the tests
-// and CPU-only CI check the ops against).
+// On CUDA in float32, bfloat16 and float16 the kernels of csrc/conv_transpose3d_post_pool/backward_contract.h compute
+// them without a full-resolution tensor. Everything else (CPU, float64) runs a composite of aten ops: the same
+// elementwise formula, then the full-resolution sparse gradient and aten's convolution_backward (the reference the
+// tests and CPU-only CI check the ops against).
 //
 // Outputs, always defined (the fakes in torch_fused_ops/ops/conv_transpose3d_post_pool.py give the same strides):
 //   grad_conv: grad_output's sizes with offsets' strides when offsets is contiguous or channels_last_3d (the
@@ -222,9 +222,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_transpose3d_post_pool_grad_c
     grad_bias = at::empty({C}, options);
     grad_multiplier = at::empty(multiplier.sizes(), options);
     const at::Tensor m = multiplier.is_contiguous() ? multiplier : flat_multiplier(multiplier);
-    launch_conv_transpose3d_post_pool_grad_conv_cuda(strided_like(grad_output, grad_conv), strided_like(selected, grad_conv),
-                                         strided_like(offsets, grad_conv), m, negative_slope, s2, grad_conv,
-                                         grad_bias, grad_multiplier);
+    launch_conv_transpose3d_post_pool_grad_conv_cuda(
+        strided_like(grad_output, grad_conv), strided_like(selected, grad_conv), strided_like(offsets, grad_conv), m,
+        negative_slope, s2, grad_conv, grad_bias, grad_multiplier);
     return {grad_conv, grad_bias, grad_multiplier};
   }
 #endif
@@ -232,8 +232,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_transpose3d_post_pool_grad_c
   return {grad_conv, grad_bias, grad_multiplier};
 }
 
-at::Tensor conv_transpose3d_post_pool_grad_weight(const at::Tensor& grad_conv, const at::Tensor& offsets, const at::Tensor& input,
-                          at::IntArrayRef output_padding) {
+at::Tensor conv_transpose3d_post_pool_grad_weight(const at::Tensor& grad_conv, const at::Tensor& offsets,
+                                                  const at::Tensor& input, at::IntArrayRef output_padding) {
   const char* op = kGradWeightOp;
   const Int3 o = check_pooled_pair(op, grad_conv, offsets, output_padding);
   check_like_grad_conv(op, "input", input, grad_conv);
@@ -248,7 +248,8 @@ at::Tensor conv_transpose3d_post_pool_grad_weight(const at::Tensor& grad_conv, c
   if (grad_weight.numel() == 0) return grad_weight;
   if (grad_conv.numel() == 0) return grad_weight.zero_();  // an empty sum
 #ifdef WITH_CUDA
-  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type()) && conv_transpose3d_post_pool_grad_weight_cuda_fits(grad_conv)) {
+  if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type()) &&
+      conv_transpose3d_post_pool_grad_weight_cuda_fits(grad_conv)) {
     const auto [gc, off] = kernel_pair(grad_conv, offsets);
     launch_conv_transpose3d_post_pool_grad_weight_cuda(gc, off, dense(input), o, conv_allows_tf32(), grad_weight);
     return grad_weight;
@@ -260,8 +261,8 @@ at::Tensor conv_transpose3d_post_pool_grad_weight(const at::Tensor& grad_conv, c
   return grad_weight;
 }
 
-at::Tensor conv_transpose3d_post_pool_grad_input(const at::Tensor& grad_conv, const at::Tensor& offsets, const at::Tensor& weight,
-                         at::IntArrayRef output_padding) {
+at::Tensor conv_transpose3d_post_pool_grad_input(const at::Tensor& grad_conv, const at::Tensor& offsets,
+                                                 const at::Tensor& weight, at::IntArrayRef output_padding) {
   const char* op = kGradInputOp;
   const Int3 o = check_pooled_pair(op, grad_conv, offsets, output_padding);
   check_like_grad_conv(op, "weight", weight, grad_conv);
@@ -280,7 +281,8 @@ at::Tensor conv_transpose3d_post_pool_grad_input(const at::Tensor& grad_conv, co
   if (grad_conv.numel() == 0) return grad_input.zero_();  // C_out = 0: an empty sum
 #ifdef WITH_CUDA
   if (grad_conv.is_cuda() && kernel_dtype(grad_conv.scalar_type()) &&
-      conv_transpose3d_post_pool_grad_input_cuda_fits(grad_conv.scalar_type(), grad_conv.size(1), grad_conv.get_device())) {
+      conv_transpose3d_post_pool_grad_input_cuda_fits(grad_conv.scalar_type(), grad_conv.size(1),
+                                                      grad_conv.get_device())) {
     const auto [gc, off] = kernel_pair(grad_conv, offsets);
     launch_conv_transpose3d_post_pool_grad_input_cuda(gc, off, dense(weight), o, conv_allows_tf32(), grad_input);
     return grad_input;

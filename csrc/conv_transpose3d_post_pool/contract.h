@@ -1,5 +1,6 @@
 // The contract between fused::conv_transpose3d_post_pool's host code (csrc/conv_transpose3d_post_pool/:
-// checks, allocation, composite fallback, registration) and its fused CUDA kernel (csrc/conv_transpose3d_post_pool/cuda/).
+// checks, allocation, composite fallback, registration) and its fused CUDA kernel
+// (csrc/conv_transpose3d_post_pool/cuda/).
 #pragma once
 
 #include <ATen/core/Tensor.h>

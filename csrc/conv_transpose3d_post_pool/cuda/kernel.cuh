@@ -420,8 +420,8 @@ int blocks_per_sm(size_t smem) {
   static std::atomic<int> cache{0};
   int v = cache.load(std::memory_order_relaxed);
   if (v <= 0) {
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS>,
-                                                                 kThreads, smem));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &v, conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS>, kThreads, smem));
     v = v > 0 ? v : 1;
     cache.store(v, std::memory_order_relaxed);
   }

@@ -319,7 +319,8 @@ void launch_one(const Params& p, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t grid_y = (p.Cin + kBlockN - 1) / kBlockN;
-  TORCH_CHECK(grid_y <= 65535, "conv_transpose3d_post_pool grad_input: too many input channels for one launch: ", p.Cin);
+  TORCH_CHECK(grid_y <= 65535,
+              "conv_transpose3d_post_pool grad_input: too many input channels for one launch: ", p.Cin);
   const int64_t resident = static_cast<int64_t>(blocks_per_sm<KS>(smem)) * sms;
   int64_t bx = (resident + grid_y - 1) / grid_y;
   bx = bx < p.n_tiles ? bx : p.n_tiles;

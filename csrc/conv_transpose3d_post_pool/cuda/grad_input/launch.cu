@@ -1,6 +1,6 @@
-// fused::launch_conv_transpose3d_post_pool_grad_input_cuda (contract in backward_contract.h): the kernel parameters, the
-// chunk choice and the dispatch to the per-precision kernels (grad_input/instantiations/;
-// TF32 has its own double-buffered kernel there, the others share grad_input/kernel.cuh's).
+// fused::launch_conv_transpose3d_post_pool_grad_input_cuda (contract in backward_contract.h): the kernel parameters,
+// the chunk choice and the dispatch to the per-precision kernels (grad_input/instantiations/; TF32 has its own
+// double-buffered kernel there, the others share grad_input/kernel.cuh's).
 #include "conv_transpose3d_post_pool/backward_contract.h"
 
 #include "conv_transpose3d_post_pool/cuda/grad_input/kernel.cuh"

@@ -213,7 +213,8 @@ __global__ void __launch_bounds__(32 * kReduceGroups) grad_weight_reduce_kernel(
   const int cot = static_cast<int>(tile % co_tiles), cit = static_cast<int>(tile / co_tiles);
   const int ci = cit * kBM + m, co = cot * kBN + col;
   if (ci >= Cin || co >= Cout) return;
-  gw[ci * s0 + co * s1 + (tap / 9) * s2 + ((tap / 3) % 3) * s3 + (tap % 3) * s4] = conv_transpose3d_post_pool::from_float<io_t>(total);
+  gw[ci * s0 + co * s1 + (tap / 9) * s2 + ((tap / 3) % 3) * s3 + (tap % 3) * s4] =
+      conv_transpose3d_post_pool::from_float<io_t>(total);
 }
 
 }  // namespace grad_weight

@@ -1,5 +1,5 @@
-// fused::launch_conv_transpose3d_post_pool_grad_weight_cuda (contract in backward_contract.h): the kernel parameters, the
-// grid, the partials' workspace and the fixed-order sum (kernels in grad_weight/kernel.cuh).
+// fused::launch_conv_transpose3d_post_pool_grad_weight_cuda (contract in backward_contract.h): the kernel parameters,
+// the grid, the partials' workspace and the fixed-order sum (kernels in grad_weight/kernel.cuh).
 #include "conv_transpose3d_post_pool/backward_contract.h"
 
 #include "conv_transpose3d_post_pool/cuda/grad_weight/kernel.cuh"

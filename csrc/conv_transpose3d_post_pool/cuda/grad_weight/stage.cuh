@@ -122,9 +122,9 @@ __device__ __forceinline__ void load_tile(const WeightGradParams& p, const TileO
 
 // Stores a loaded tile: each grad_conv element into the B copy of its phase (offset; an element with no phase is a
 // zero, stored in copy 0), in fragment order, after clearing the slot in the copy it took in the previous tile
-// (`prev`: that copy's byte offset, updated; the same thread owns the slot in every tile). The input halo as A words (float32 operands
-// TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the stored pairs
-// (build_shifted_pairs), after a barrier.
+// (`prev`: that copy's byte offset, updated; the same thread owns the slot in every tile). The input halo as A words
+// (float32 operands TF32-rounded for the TF32 mode). The 16-bit halo's odd-shift copy is built afterwards from the
+// stored pairs (build_shifted_pairs), after a barrier.
 template <Mode M>
 __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev)[kGradPer],
                                            uint32_t* __restrict__ sB, uint32_t* __restrict__ sX,
@@ -174,7 +174,8 @@ __device__ __forceinline__ void store_tile(const TileRegs<M>& r, uint32_t (&prev
     if (tid < kHaloRows * kHW) {
 #pragma unroll
       for (int u = 0; u < 16; ++u) {
-        sX[u * S::kXPitch + tid] = M == Mode::kTF32 ? conv_transpose3d_post_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
+        sX[u * S::kXPitch + tid] =
+            M == Mode::kTF32 ? conv_transpose3d_post_pool::tf32_round(__uint_as_float(r.x[u])) : r.x[u];
       }
     }
   } else {

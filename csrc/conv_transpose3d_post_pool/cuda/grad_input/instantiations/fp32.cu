@@ -1,5 +1,5 @@
-// The input-gradient kernels of the fused convolution for strict float32 (three TF32 products); one file per precision so that the
-// instantiations compile in parallel.
+// The input-gradient kernels of the fused convolution for strict float32 (three TF32 products); one file per precision
+// so that the instantiations compile in parallel.
 #include "conv_transpose3d_post_pool/cuda/grad_input/kernel.cuh"
 
 namespace fused {
