@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import glob
 import hashlib
+import importlib
 import inspect
 import logging
 import os
@@ -428,14 +429,15 @@ def _source_digest() -> str:
     """Hash of the source of this pass, its config and the fake/autograd code, and of the compiled library's
     identity (name, size, mtime: a rebuild changes it). Read once: uuid() runs for every compilation's cache key
     (and, on torch 2.11, whenever the hook's value is pickled). Nothing here imports the package's __init__."""
-    from ..ops import common, conv_transpose3d_post_pool, post_pool
-
+    # The modules by name: the ops package re-exports functions under the names of its op modules.
+    ops = [importlib.import_module(f"..ops.{m}", __package__) for m in ("post_pool", "common",
+                                                                        "conv_transpose3d_post_pool")]
     h = hashlib.sha256()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package, where _C lives
     for lib in sorted(glob.glob(os.path.join(here, "_C.*"))):
         st = os.stat(lib)
         h.update(f"{os.path.basename(lib)}|{st.st_size}|{st.st_mtime_ns}".encode())
-    for mod in (sys.modules[__name__], nodes, pass_config, coverage, post_pool, common, conv_transpose3d_post_pool):
+    for mod in (sys.modules[__name__], nodes, pass_config, coverage, *ops):
         h.update(inspect.getsource(mod).encode())
     return h.hexdigest()
 
