@@ -8,7 +8,13 @@ and fuses: :mod:`torch_fused_ops.compile.pass_config`; environment variables: :m
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+
+# The package's logger (the fusion pass logs its decisions on a child at DEBUG); silent unless the application
+# configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 try:
     from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
@@ -26,13 +32,14 @@ from .compile.install import disable, enable, fusion_enabled, install, is_enable
 from . import envs  # noqa: E402
 from .compile import pass_config  # noqa: E402
 from .compile.pass_config import PassConfig  # noqa: E402
+from .compile.explain import explain  # noqa: E402
 
 # The CPU kernels' huge-page advice, from the environment, once per process.
 torch.ops.fused._set_cpu_huge_pages(envs.TORCH_FUSED_OPS_CPU_HUGE_PAGES)
 
 __all__ = [
     "post_pool", "reference_post_pool", "conv_transpose3d_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
-    "matched_count", "PassConfig", "pass_config", "envs", "__version__",
+    "matched_count", "PassConfig", "pass_config", "envs", "explain", "__version__",
 ]
 
 

@@ -77,7 +77,7 @@ std::vector<int64_t> as3(at::IntArrayRef v, at::IntArrayRef dflt = {}) {
   return v.size() == 1 ? std::vector<int64_t>{v[0], v[0], v[0]} : v.vec();
 }
 
-// Whether the training forward ran the fused CUDA kernel: fused_kernel_applies (checks.h)
+// Whether the training forward ran the fused CUDA kernel: fused_kernel_unsupported_reason (checks.h) == nullptr,
 // restated on the arguments, for a call whose checks have passed, so that it needs no concrete input size (under
 // tracing they may be symbolic). The pooled-size condition there holds for every valid size here except with
 // ceil_mode and output_padding 0 (an odd convolution output). Only the weight's sizes are read (guarded when

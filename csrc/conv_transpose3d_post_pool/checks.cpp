@@ -174,24 +174,38 @@ ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(const char
   return g;
 }
 
-bool fused_kernel_applies(const at::Tensor& input, const at::Tensor& weight, const ConvTranspose3dPostPoolGeometry& g) {
+const char* fused_kernel_unsupported_reason(const at::Tensor& input, const at::Tensor& weight,
+                                            const ConvTranspose3dPostPoolGeometry& g) {
   const auto dtype = input.scalar_type();
-  if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
+  if (!input.is_cuda()) return "the input is not a CUDA tensor";
+  if (!(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) {
+    return "the input's dtype is not float32, bfloat16 or float16";
+  }
+  if (g.groups != 1) return "groups is not 1";
   // Cin == 0 makes the convolution output its bias alone; the composite covers that rare case.
-  if (g.groups != 1 || input.size(1) == 0) return false;
-  if (weight.size(2) != 3 || weight.size(3) != 3 || weight.size(4) != 3) return false;
+  if (input.size(1) == 0) return "the input has no channels";
+  if (weight.size(2) != 3 || weight.size(3) != 3 || weight.size(4) != 3) return "the weight's kernel is not 3x3x3";
+  constexpr Int3 twos{2, 2, 2}, ones{1, 1, 1};
+  if (g.stride != twos) return "stride is not 2";
+  if (g.padding != ones) return "padding is not 1";
+  if (g.dilation != ones) return "dilation is not 1";
+  for (const int64_t o : g.output_padding) {
+    if (o != 0 && o != 1) return "output_padding is not 0 or 1";
+  }
   const PoolGeometry& pg = g.pool;
-  if (pg.kd != 2 || pg.kh != 2 || pg.kw != 2 || pg.sd != 2 || pg.sh != 2 || pg.sw != 2) return false;
-  if (pg.pd != 0 || pg.ph != 0 || pg.pw != 0 || pg.dd != 1 || pg.dh != 1 || pg.dw != 1) return false;
+  if (pg.kd != 2 || pg.kh != 2 || pg.kw != 2) return "kernel_size is not 2";
+  if (pg.sd != 2 || pg.sh != 2 || pg.sw != 2) return "pool_stride is not 2";
+  if (pg.pd != 0 || pg.ph != 0 || pg.pw != 0) return "pool_padding is not 0";
+  if (pg.dd != 1 || pg.dh != 1 || pg.dw != 1) return "pool_dilation is not 1";
+  // The kernel writes D - 1 + output_padding pooled planes: the floor-mode size. ceil_mode gives the same size
+  // (and the same windows) exactly when the convolution output is even, i.e. output_padding 1.
   const int64_t pooled[3] = {pg.OD, pg.OH, pg.OW};
   for (int i = 0; i < 3; ++i) {
-    if (g.stride[i] != 2 || g.padding[i] != 1 || g.dilation[i] != 1) return false;
-    if (g.output_padding[i] != 0 && g.output_padding[i] != 1) return false;
-    // The kernel writes D - 1 + output_padding pooled planes: the floor-mode size. ceil_mode gives the same size
-    // (and the same windows) exactly when the convolution output is even, i.e. output_padding 1.
-    if (pooled[i] != input.size(2 + i) - 1 + g.output_padding[i]) return false;
+    if (pooled[i] != input.size(2 + i) - 1 + g.output_padding[i]) {
+      return "ceil_mode adds a pooled plane the fused kernel does not write";
+    }
   }
-  return true;
+  return nullptr;
 }
 
 }  // namespace fused

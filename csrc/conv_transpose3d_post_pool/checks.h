@@ -40,11 +40,15 @@ ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(const char
                                                at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation,
                                                bool ceil_mode);
 
-// Whether the fused CUDA kernel (csrc/conv_transpose3d_post_pool/contract.h) computes this call: CUDA, float32/bfloat16/float16,
-// convolution kernel 3 / stride 2 / padding 1 / dilation 1 / groups 1 / output_padding 0 or 1, a 2x2x2 pool with
-// stride 2, padding 0, dilation 1 whose output is (conv size) / 2 in every dim (ceil_mode only where it gives that
-// size). Arguments must have passed check_conv_transpose3d_post_pool_args.
-bool fused_kernel_applies(const at::Tensor& input, const at::Tensor& weight, const ConvTranspose3dPostPoolGeometry& g);
+// Why the fused CUDA kernel (csrc/conv_transpose3d_post_pool/contract.h) does not compute this call, as a static
+// text; nullptr where it does. The first reason in the order of the Python mirror's `Unsupported`
+// (torch_fused_ops/ops/conv_transpose3d_post_pool_coverage.py), whose values are these texts: not CUDA, a dtype
+// other than float32/bfloat16/float16, groups != 1, no input channels, a kernel other than 3x3x3, stride != 2,
+// padding != 1, dilation != 1, output_padding other than 0 or 1, a pool other than kernel 2 / stride 2 /
+// padding 0 / dilation 1, a pooled size other than (conv size) / 2 (ceil_mode with output_padding 0). Arguments
+// must have passed check_conv_transpose3d_post_pool_args. It runs on every call: no allocation.
+const char* fused_kernel_unsupported_reason(const at::Tensor& input, const at::Tensor& weight,
+                                            const ConvTranspose3dPostPoolGeometry& g);
 
 // float32 convolutions may use TF32 tensor cores: cuDNN's convolution flag, as aten's convolution reads it.
 bool conv_allows_tf32();

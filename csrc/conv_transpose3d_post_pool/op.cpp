@@ -1,8 +1,9 @@
 // The CPU and CUDA kernels of fused::conv_transpose3d_post_pool and its training form _with_offsets:
 //   post_pool(conv_transpose3d(input, weight, bias, ...), multiplier, ...)
-// On CUDA, where fused_kernel_applies, one fused kernel (csrc/conv_transpose3d_post_pool/contract.h) computes the convolution at pooled
-// resolution and never writes its full-resolution output. Everything else, and CPU, runs the composite: aten's
-// convolution, then fused::post_pool[_with_offsets].
+// On CUDA, where fused_kernel_unsupported_reason finds no reason, one fused kernel
+// (csrc/conv_transpose3d_post_pool/contract.h) computes the convolution at pooled resolution and never writes its
+// full-resolution output. Everything else, and CPU, runs the composite: aten's convolution, then
+// fused::post_pool[_with_offsets].
 //
 // Launcher order as in ATen's pooling: checks -> device guard -> allocation -> empty early return -> launch. The
 // host path never reads device memory (no .item(), no data-dependent shapes), so it never synchronises and can be
@@ -104,7 +105,7 @@ Outputs forward(bool with_offsets, bool on_cuda, const at::Tensor& input, const 
 #ifdef WITH_CUDA
   // Where the kernel's shared memory does not fit the GPU, the composite runs (the backward stays at pooled
   // resolution either way: it needs only the selected values and offsets, which both produce).
-  if (on_cuda && fused_kernel_applies(input, weight, g) &&
+  if (on_cuda && fused_kernel_unsupported_reason(input, weight, g) == nullptr &&
       conv_transpose3d_post_pool_cuda_fits(input.scalar_type(), input.size(1), input.get_device())) {
     return fused_cuda(with_offsets, g, input, weight, bias, multiplier, negative_slope, negative_slope2);
   }

@@ -1,6 +1,7 @@
 """Reading the FX nodes of a pre-grad or exported graph for the fusion pass: which call a node is (LeakyReLU,
 multiply, max_pool3d, convolution, in any of the spellings Dynamo and torch.export produce), its arguments by
-parameter name, its example value, and the checks on those values that keep a rewrite exact."""
+parameter name, its example value, and the checks on those values that keep a rewrite exact (each saying why it
+fails, for the pass's log)."""
 from __future__ import annotations
 
 import operator
@@ -89,9 +90,41 @@ def _single_user(node: Any) -> bool:
     return isinstance(node, Node) and len(node.users) == 1
 
 
+def _other_users(node: Node, consumer: Node) -> str | None:
+    """Why `node` may not be absorbed into `consumer`'s step: the users it has besides it; None if none."""
+    others = [u.name for u in node.users if u is not consumer]
+    return f"its output has other users ({', '.join(others)})" if others else None
+
+
+def _describe(x: Any) -> str:
+    """What a node is, for a reason: "a graph input", "conv_transpose3d", "method mul", ..."""
+    if not isinstance(x, Node):
+        return f"the constant {x!r}"
+    if x.op == "placeholder":
+        return "a graph input"
+    if x.op == "call_function":
+        return getattr(x.target, "__name__", None) or str(x.target)
+    return f"{x.op.removeprefix('call_')} {x.target}"
+
+
+def _named(x: Node) -> str:
+    """A node as a reason names it: its name, and what it is where the name does not say."""
+    what = _describe(x)
+    return x.name if x.name.startswith(what.split(".")[0]) else f"{x.name} ({what})"
+
+
+def _is_leaky(node: Any) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in _LEAKY_SIGS
+
+
+def _is_mul(node: Any) -> bool:
+    return isinstance(node, Node) and ((node.op == "call_function" and node.target in _MUL_TARGETS)
+                                       or (node.op == "call_method" and node.target == "mul"))
+
+
 def _leaky(node: Any) -> tuple[Node, Any, bool] | None:
-    """(input, slope, in_place) if `node` is a LeakyReLU call."""
-    if not isinstance(node, Node) or node.op != "call_function" or node.target not in _LEAKY_SIGS:
+    """(input, slope, in_place) if `node` is a LeakyReLU call whose arguments we can read."""
+    if not _is_leaky(node):
         return None
     names, defaults, inplace = _LEAKY_SIGS[node.target]
     b = _bind(node, names, defaults)
@@ -103,31 +136,32 @@ def _leaky(node: Any) -> tuple[Node, Any, bool] | None:
 
 
 def _mul_operands(node: Any) -> tuple[Any, Any] | None:
-    if not isinstance(node, Node) or len(node.args) != 2 or node.kwargs:
+    if not _is_mul(node) or len(node.args) != 2 or node.kwargs:
         return None
-    if (node.op == "call_function" and node.target in _MUL_TARGETS) or (node.op == "call_method"
-                                                                        and node.target == "mul"):
-        return node.args[0], node.args[1]
-    return None
+    return node.args[0], node.args[1]
 
 
-def _pool(node: Node) -> tuple[Node, dict[str, Any], list[Node]] | None:
-    """(pool input, pool parameters, nodes to erase) if `node` produces max_pool3d's values without indices."""
+def _pool(node: Node) -> tuple[Node, dict[str, Any], list[Node]] | str | None:
+    """(pool input, pool parameters, nodes to erase) if `node` produces max_pool3d's values without indices; why
+    not if it is a max_pool3d the pass cannot take; None if it is none."""
     if node.op != "call_function":
         return None
     if node.target in _POOL_SIGS:
         b = _bind(node, _POOL_PARAMS, _POOL_SIGS[node.target])
-        if b is None or b.get("return_indices", False) is not False or not isinstance(b["input"], Node):
-            return None
-        return b["input"], b, [node]
+        if b is None:
+            return "its arguments cannot be read"
+        if b.get("return_indices", False) is not False:
+            return "the pool returns indices"
+        return (b["input"], b, [node]) if isinstance(b["input"], Node) else "its input is not a graph tensor"
     # ATen spelling: getitem(max_pool3d_with_indices(...), 0) with the indices unused.
     if node.target is operator.getitem and node.args[1] == 0:
         src = node.args[0]
-        if (isinstance(src, Node) and src.op == "call_function" and src.target is _ATEN_POOL_WITH_INDICES
-                and _single_user(src)):
+        if isinstance(src, Node) and src.op == "call_function" and src.target is _ATEN_POOL_WITH_INDICES:
+            if not _single_user(src):
+                return "the pool's indices are used"
             b = _bind(src, _POOL_PARAMS[:6], {"stride": (), "padding": 0, "dilation": 1, "ceil_mode": False})
             if b is None or not isinstance(b["input"], Node):
-                return None
+                return "its arguments cannot be read"
             return b["input"], b, [node, src]
     return None
 
@@ -159,36 +193,69 @@ def _slope(v: Any) -> Any:
     return None
 
 
-def _input_ok(x: Any, out: Any) -> bool:
-    """A 5-D floating-point tensor whose step keeps its dtype."""
-    return (isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor) and x.dim() == 5
-            and x.dtype.is_floating_point and out.dtype == x.dtype)
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
-def _multiplier_ok(x: Any, m: Any, out: Any) -> bool:
-    """m broadcasts against x varying at most along C, with x's dtype and device, and changes no shape."""
-    if not _input_ok(x, out) or not isinstance(m, torch.Tensor):
-        return False
-    if m.dtype != x.dtype or m.device != x.device or m.dim() > 5:
-        return False
+def _input_problem(x: Any, out: Any) -> str | None:
+    """Why a step's input is not a 5-D floating-point tensor whose step keeps its dtype; None if it is."""
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return "its input or output has no example tensor"
+    if x.dim() != 5:
+        return f"its input is {x.dim()}-D; the fused ops take 5-D tensors"
+    if not x.dtype.is_floating_point:
+        return f"its input is {_dtype(x)}, not floating point"
+    if out.dtype != x.dtype:
+        return f"it changes the dtype ({_dtype(x)} -> {_dtype(out)})"
+    return None
+
+
+def _multiplier_problem(x: Any, m: Any, out: Any) -> str | None:
+    """Why m does not broadcast against x varying at most along C, with x's dtype and device, changing no shape;
+    None if it does."""
+    if not isinstance(m, torch.Tensor):
+        return f"the multiplier is {type(m).__name__}, not a tensor"
+    if isinstance(x, torch.Tensor) and m.dtype != x.dtype:
+        return f"the multiply promotes {_dtype(x)} * {_dtype(m)}"
+    why = _input_problem(x, out)
+    if why is not None:
+        return why
+    if m.device != x.device:
+        return f"the multiplier is on {m.device}, the input on {x.device}"
+    if m.dim() > 5:
+        return f"the multiplier is {m.dim()}-D, more than the input"
     if _known(m.numel() == 1):
-        return True
+        return None
     for i, size in enumerate(m.shape):
         if _known(size == 1):
             continue
-        if 5 - m.dim() + i != 1 or not _known(size == x.shape[1]):
-            return False
-    return True
+        dim, channels = 5 - m.dim() + i, x.shape[1]
+        if dim != 1:
+            unproven = "" if _known(size != 1) else ", not provably 1 without a guard"
+            return (f"the multiplier {list(m.shape)} broadcasts along the input's dim {dim} (size {size}{unproven}), "
+                    "not only along its channels")
+        if not _known(size == channels):
+            unproven = "" if _known(size != channels) else ", not provably equal without a guard"
+            return f"the multiplier {list(m.shape)} has {size} channels where the input has {channels}{unproven}"
+    return None
 
 
-def _mul_step(node: Node) -> tuple[Node, Node] | None:
-    """(chain input, multiplier) of a product the chain may absorb; the chain operand a LeakyReLU if either is."""
+def _mul_step(node: Node) -> tuple[Node, Node] | str | None:
+    """(chain input, multiplier) of a product the chain may absorb, the chain operand a LeakyReLU if either is; why
+    not if `node` is a product it may not absorb (the reason for the preferred operand order); None if none."""
     ops = _mul_operands(node)
     if ops is None:
-        return None
+        return "its arguments cannot be read" if _is_mul(node) else None
     orders = sorted((ops, ops[::-1]), key=lambda o: _leaky(o[0]) is None)
+    reasons = []
     for x, m in orders:
-        if isinstance(x, Node) and isinstance(m, Node) and x is not m and _multiplier_ok(_val(x), _val(m),
-                                                                                         _val(node)):
-            return x, m
-    return None
+        if not isinstance(x, Node) or not isinstance(m, Node):
+            reasons.append(f"the multiplier is {_describe(m if isinstance(x, Node) else x)}, not a graph tensor")
+        elif x is m:
+            reasons.append("it squares its input")
+        else:
+            why = _multiplier_problem(_val(x), _val(m), _val(node))
+            if why is None:
+                return x, m
+            reasons.append(why)
+    return reasons[0]

@@ -5,9 +5,8 @@
         compiled = torch.compile(model)   # compiled (on first call) without the fused-convolution route
         compiled(x)
 
-The settings act on compilations that start while they hold (the pass reads them when it runs, once per graph);
-``torch._dynamo.reset()`` recompiles a function already compiled. ``PassConfig.compute_hash()`` feeds the pass's
-``uuid()``, so Inductor's caches never serve a graph compiled under other settings.
+The settings act on compilations that start while they hold (the pass reads them once per graph; a function
+already compiled recompiles after ``torch._dynamo.reset()``). ``compute_hash()`` feeds the pass's ``uuid()``.
 """
 from __future__ import annotations
 
@@ -24,26 +23,24 @@ _DEVICES = ("off", "cuda", "always")
 
 @dataclasses.dataclass(frozen=True)
 class PassConfig:
-    """Settings of the fusion pass. Every default is the package's tuned behaviour.
+    """Settings of the fusion pass; every default is the package's tuned behaviour. The device settings: "cuda"
+    (CUDA inputs only), "always" (every device) or "off"."""
 
-    fold_conv_bias: fold the bias of a convolution feeding the chain into fused.post_pool_bias. "cuda": inputs on
-        CUDA only (Inductor would otherwise peel the bias off into a separate full-resolution add; on CPU it keeps
-        the bias inside the mkldnn convolution, so folding would not help); "always": every device; "off".
-    fuse_conv_transpose: route conv_transpose3d -> chain to the fused convolution op
-        ``fused.conv_transpose3d_post_pool``, which on CUDA computes the convolution at pooled resolution and never
-        writes its full-resolution output. "cuda": CUDA tensors where the op's fused kernel applies
-        (``conv_transpose3d_post_pool_coverage.fused_kernel_applies``); "always": every device and geometry (elsewhere the op runs its
-        composite, the aten convolution then post_pool: for tests on CPU); "off".
-    conv_in_training: whether graphs that will be differentiated also take that route (the op's autograd saves
-        only pooled-size tensors; its backward is post_pool_backward, then aten's convolution backward). False
-        keeps training graphs on aten's convolution + fused.post_pool(_bias).
-    partial_chains: also fuse the chain's partial forms ending in the pool (``mul -> leaky -> pool``,
-        ``leaky -> pool``, ``leaky -> mul -> pool``, ``mul -> pool``, ...), the missing steps as exact identities.
-    """
-
+    # Fold the bias of a convolution feeding the chain into fused.post_pool_bias. CUDA only by default: there
+    # Inductor would peel the bias off into a separate full-resolution add; on CPU it keeps the bias inside the
+    # mkldnn convolution, so folding would not help.
     fold_conv_bias: Devices = "cuda"
+    # Route conv_transpose3d -> chain to fused.conv_transpose3d_post_pool, which on CUDA computes the convolution
+    # at pooled resolution and never writes its full-resolution output. "cuda": CUDA tensors where the op's fused
+    # kernel applies (no conv_transpose3d_post_pool_coverage.unsupported_reasons); "always": every device and
+    # geometry (elsewhere the op runs its composite, the aten convolution then post_pool: for tests on CPU).
     fuse_conv_transpose: Devices = "cuda"
+    # Whether graphs that will be differentiated also take that route (the op's autograd saves only pooled-size
+    # tensors; its backward is post_pool_backward, then aten's convolution backward). False keeps training graphs
+    # on aten's convolution + fused.post_pool(_bias).
     conv_in_training: bool = True
+    # Also fuse the chain's partial forms ending in the pool (mul -> leaky -> pool, leaky -> pool, leaky -> mul ->
+    # pool, mul -> pool, ...), the missing steps as exact identities.
     partial_chains: bool = True
 
     def __post_init__(self) -> None:
