@@ -59,9 +59,6 @@ class PassConfig:
     def replace(self, **changes) -> PassConfig:
         return dataclasses.replace(self, **changes)
 
-    def fuses_conv_on(self, device_type: str) -> bool:
-        return self.fuse_conv_transpose == "always" or (self.fuse_conv_transpose == "cuda" and device_type == "cuda")
-
     def folds_bias_on(self, device_type: str) -> bool:
         return self.fold_conv_bias == "always" or (self.fold_conv_bias == "cuda" and device_type == "cuda")
 
