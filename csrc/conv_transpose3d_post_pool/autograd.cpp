@@ -12,20 +12,16 @@
 //
 // Double backward is not supported: gradients computed with create_graph=True carry a node that raises when
 // differentiated (as Python's once_differentiable does), instead of a silently wrong second derivative.
+#include "common/autograd.h"
+
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
-#include <memory>
 #include <optional>
 #include <tuple>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 namespace fused {
@@ -48,11 +44,6 @@ using PoolBackwardSig = std::tuple<at::Tensor, at::Tensor>(
 using GradConvSig = Outputs(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                             std::optional<double>);
 using GradFromConvSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef);
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 const c10::TypedOperatorHandle<TrainingSig>& training_op() {
   static const auto h = op_handle<TrainingSig>("fused::conv_transpose3d_post_pool_with_offsets");
@@ -97,17 +88,6 @@ bool ran_fused_kernel(const at::Tensor& input, const at::Tensor& weight, const A
   // C_in = 0 runs the composite (weight.size(0) is the input's channel count, checked).
   if (weight.sym_size(0) == 0) return false;
   return weight.sym_size(2) == 3 && weight.sym_size(3) == 3 && weight.sym_size(4) == 3;
-}
-
-// Graph nodes are held by std::shared_ptr on older torch and by c10::intrusive_ptr on newer.
-template <typename N, typename... A>
-auto make_node(A&&... a) {
-  using Ptr = decltype(std::declval<torch::autograd::Edge>().function);
-  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<N>(std::forward<A>(a)...);
-  } else {
-    return c10::make_intrusive<N>(std::forward<A>(a)...);
-  }
 }
 
 // The autograd graph node. Works on symbolic sizes too (AOTAutograd traces it with fake tensors): nothing here
@@ -229,20 +209,14 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     if (need_input) result[0] = grad_input_op.call(grad_conv, offsets, weight, output_padding);
   }
 
-  // Gradients that will not differentiate again: with create_graph=True, each gets an Error node as grad_fn
-  // whose edges lead to what the gradient depends on, so differentiating it raises (and autograd.grad with
-  // respect to those inputs reaches the node instead of reporting them unused).
+  // Gradients that will not differentiate again (raise_on_double_backward): they depend on grad_out, input,
+  // weight and multiplier.
   static void mark_once_differentiable(variable_list& result, const at::Tensor& grad_out, const at::Tensor& input,
                                        const at::Tensor& weight, const at::Tensor& multiplier) {
-    const auto wants = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
-    if (!(wants(grad_out) || wants(input) || wants(weight) || wants(multiplier))) return;
-    auto node = make_node<torch::autograd::Error>(
+    raise_on_double_backward(
         "fused::conv_transpose3d_post_pool: double backward is not supported (its gradients were computed with "
         "create_graph=True and are being differentiated again)",
-        torch::autograd::collect_next_edges(grad_out, input, weight, multiplier));
-    for (const at::Tensor& r : result) {
-      if (r.defined()) torch::autograd::set_history(r, node);
-    }
+        {grad_out, input, weight, multiplier}, result);
   }
 };
 

@@ -1,42 +1,189 @@
-// The Autograd kernels of fused::post_pool and fused::post_pool_bias: when a gradient is needed, run the training
-// forward (post_pool_with_offsets / post_pool_bias_with_offsets, whose autograd formula is registered from Python
-// and saves pooled-size tensors only) and return its output; otherwise call the inference op below autograd.
+// Autograd of the post_pool ops, in C++ because it runs on every eager training call (a Python autograd formula
+// costs several microseconds of host time per call, which made back-to-back 16-bit calls host-bound).
 //
-// Why C++: this step ran on every call, and as a Python kernel it cost about 7 us of host time per call on our CPU
-// machine (more on the GPU machine's host), which made back-to-back 16-bit calls at the default size host-bound.
-#include <ATen/core/dispatch/Dispatcher.h>
+// post_pool and post_pool_bias: a call that needs a gradient runs the training forward (post_pool_with_offsets /
+// post_pool_bias_with_offsets) through the dispatcher, so that compiled training graphs show it; otherwise the
+// inference op runs below autograd.
+//
+// The training forwards' node saves only pooled-size tensors (the selected input values, their window offsets)
+// besides the multiplier and bias, never the full-resolution input; backward is post_pool_backward /
+// post_pool_bias_backward on them. The backward ops raise when their gradients are differentiated again.
+#include "common/autograd.h"
+#include "post_pool/post_pool.h"
+
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace fused {
 namespace {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using ForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef,
                               at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
-using TrainingSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double,
-                                                                   at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                                                                   at::IntArrayRef, bool, std::optional<double>);
+using TrainingSig = Outputs(const at::Tensor&, const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef,
+                            at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
 using BiasForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, at::IntArrayRef,
                                   at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
-using BiasTrainingSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef,
-    at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
+using BiasTrainingSig = Outputs(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, at::IntArrayRef,
+                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
+using BackwardSig = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, std::optional<double>,
+    c10::SymIntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool);
+using BiasBackwardSig = Outputs(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, double, std::optional<double>, c10::SymIntArrayRef,
+                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool);
 
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
+// The training forwards' non-tensor arguments, as the dispatcher passed them (views valid for the call).
+struct Args {
+  double negative_slope;
+  at::IntArrayRef kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+  std::optional<double> negative_slope2;
+};
 
 bool needs_grad(std::initializer_list<const at::Tensor*> ts) {
   if (!at::GradMode::is_enabled()) return false;
   for (const at::Tensor* t : ts) {
-    if (t->defined() && t->requires_grad()) return true;
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
   }
   return false;
+}
+
+// post_pool_bias_with_offsets with a bias, else post_pool_with_offsets; below autograd.
+Outputs training_forward(const at::Tensor& input, const std::optional<at::Tensor>& bias,
+                         const at::Tensor& multiplier, const Args& a) {
+  const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+  if (bias.has_value()) {
+    static const auto op = op_handle<BiasTrainingSig>("fused::post_pool_bias_with_offsets");
+    return op.call(input, *bias, multiplier, a.negative_slope, a.kernel_size, a.stride, a.padding, a.dilation,
+                   a.ceil_mode, a.negative_slope2);
+  }
+  static const auto op = op_handle<TrainingSig>("fused::post_pool_with_offsets");
+  return op.call(input, multiplier, a.negative_slope, a.kernel_size, a.stride, a.padding, a.dilation, a.ceil_mode,
+                 a.negative_slope2);
+}
+
+// What backward reads from saved_data: the backward ops' arguments after the tensors, in their order.
+struct BackwardArgs {
+  double slope;
+  std::optional<double> slope2;
+  std::vector<c10::SymInt> input_size;
+  std::vector<int64_t> kernel_size, stride, padding, dilation;
+  bool channels_last;
+};
+
+BackwardArgs backward_args(AutogradContext* ctx) {
+  auto& d = ctx->saved_data;
+  const auto slopes = d["slopes"].toDoubleVector();
+  return {slopes[0],
+          slopes.size() == 2 ? std::optional<double>(slopes[1]) : std::nullopt,
+          d["input_size"].toSymIntVector(),
+          d["kernel_size"].toIntVector(),
+          d["stride"].toIntVector(),
+          d["padding"].toIntVector(),
+          d["dilation"].toIntVector(),
+          d["channels_last"].toBool()};
+}
+
+// The graph node of both training forwards. Its one output is `out`: selected and offsets, which are not
+// differentiable, leave forward through `outputs` instead of being marked non-differentiable, because compiled
+// autograd rejects C++ nodes that used mark_non_differentiable. Nothing here reads a concrete size: under
+// AOTAutograd the input's sizes are symbolic and reach the backward op as SymInts.
+struct PostPoolFunction : public torch::autograd::Function<PostPoolFunction> {
+  // Backward reads only its saved tensors and saved_data and calls ops that have fake impls, so compiled
+  // autograd may trace it into its graph.
+  static constexpr bool is_traceable = true;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const std::optional<at::Tensor>& bias,
+                               const at::Tensor& multiplier, const Args& a, Outputs* outputs) {
+    // The kernel runs every check before anything is saved.
+    *outputs = training_forward(input, bias, multiplier, a);
+    const auto& [out, selected, offsets] = *outputs;
+    variable_list saved = {selected, offsets, multiplier};
+    if (bias.has_value()) saved.push_back(*bias);
+    ctx->save_for_backward(std::move(saved));
+    auto& d = ctx->saved_data;
+    d["input_size"] = input.sym_sizes();
+    d["kernel_size"] = a.kernel_size.vec();
+    d["stride"] = a.stride.vec();
+    d["padding"] = a.padding.vec();
+    d["dilation"] = a.dilation.vec();
+    // One list, so that compiled autograd keys its cache on the slopes instead of lifting them to graph inputs
+    // (the backward ops take plain floats).
+    d["slopes"] = a.negative_slope2.has_value() ? std::vector<double>{a.negative_slope, *a.negative_slope2}
+                                                : std::vector<double>{a.negative_slope};
+    // grad_input takes the layout the forward read the input in.
+    d["channels_last"] = output_memory_format(input) == at::MemoryFormat::ChannelsLast3d;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const bool has_bias = saved.size() == 4;
+    auto [grad_input, grad_bias, grad_multiplier] = has_bias ? bias_backward(ctx, grads[0], saved)
+                                                             : plain_backward(ctx, grads[0], saved);
+    // One entry per forward argument: input, bias, multiplier, Args, outputs. The edges are the tensors among
+    // them that were given: input, [bias], multiplier.
+    variable_list result(5);
+    if (ctx->needs_input_grad(0)) result[0] = grad_input;
+    if (has_bias && ctx->needs_input_grad(1)) result[1] = grad_bias;
+    if (ctx->needs_input_grad(has_bias ? 2 : 1)) result[2] = grad_multiplier;
+    return result;
+  }
+
+  // Called through the dispatcher with autograd: under create_graph=True the backward op's own Autograd kernel
+  // makes its gradients raise when differentiated again.
+  static Outputs plain_backward(AutogradContext* ctx, const at::Tensor& grad_out, const variable_list& saved) {
+    static const auto op = op_handle<BackwardSig>("fused::post_pool_backward");
+    const BackwardArgs s = backward_args(ctx);
+    auto [grad_input, grad_multiplier] =
+        op.call(grad_out, saved[0], saved[1], saved[2], s.slope, s.slope2, s.input_size, s.kernel_size, s.stride,
+                s.padding, s.dilation, s.channels_last);
+    return {grad_input, at::Tensor(), grad_multiplier};
+  }
+
+  static Outputs bias_backward(AutogradContext* ctx, const at::Tensor& grad_out, const variable_list& saved) {
+    static const auto op = op_handle<BiasBackwardSig>("fused::post_pool_bias_backward");
+    const BackwardArgs s = backward_args(ctx);
+    return op.call(grad_out, saved[0], saved[1], saved[3], saved[2], s.slope, s.slope2, s.input_size, s.kernel_size,
+                   s.stride, s.padding, s.dilation, s.channels_last);
+  }
+};
+
+Outputs training_autograd(const at::Tensor& input, const std::optional<at::Tensor>& bias,
+                          const at::Tensor& multiplier, const Args& a) {
+  if (!needs_grad({&input, bias.has_value() ? &*bias : nullptr, &multiplier})) {
+    return training_forward(input, bias, multiplier, a);
+  }
+  Outputs outputs;
+  auto out = PostPoolFunction::apply(input, bias, multiplier, a, &outputs);
+  return {out[0], std::get<1>(outputs), std::get<2>(outputs)};
+}
+
+Outputs post_pool_with_offsets_autograd(const at::Tensor& input, const at::Tensor& multiplier,
+                                        double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                        at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                        std::optional<double> negative_slope2) {
+  return training_autograd(input, std::nullopt, multiplier,
+                           {negative_slope, kernel_size, stride, padding, dilation, ceil_mode, negative_slope2});
+}
+
+Outputs post_pool_bias_with_offsets_autograd(const at::Tensor& input, const at::Tensor& bias,
+                                             const at::Tensor& multiplier, double negative_slope,
+                                             at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                             at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                             std::optional<double> negative_slope2) {
+  return training_autograd(input, bias, multiplier,
+                           {negative_slope, kernel_size, stride, padding, dilation, ceil_mode, negative_slope2});
 }
 
 // A fresh call below autograd (the same as torch._C._AutoDispatchBelowAutograd in Python), not a redispatch.
@@ -69,10 +216,55 @@ at::Tensor post_pool_bias_autograd(const at::Tensor& input, const at::Tensor& bi
                         negative_slope2);
 }
 
+std::string double_backward_message(const char* op) {
+  return std::string(op) + ": double backward is not supported (gradients of fused.post_pool's gradients)";
+}
+
+// The backward ops are not differentiable: computed below autograd, their gradients get a node that raises.
+std::tuple<at::Tensor, at::Tensor> post_pool_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
+    c10::SymIntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool channels_last) {
+  static const auto op = op_handle<BackwardSig>("fused::post_pool_backward");
+  std::tuple<at::Tensor, at::Tensor> r;
+  {
+    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+    r = op.call(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2, input_size, kernel_size,
+                stride, padding, dilation, channels_last);
+  }
+  raise_on_double_backward(double_backward_message("fused::post_pool_backward"),
+                           {grad_output, selected, offsets, multiplier}, {std::get<0>(r), std::get<1>(r)});
+  return r;
+}
+
+Outputs post_pool_bias_backward_autograd(const at::Tensor& grad_output, const at::Tensor& selected,
+                                         const at::Tensor& offsets, const at::Tensor& bias,
+                                         const at::Tensor& multiplier, double negative_slope,
+                                         std::optional<double> negative_slope2, c10::SymIntArrayRef input_size,
+                                         at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                         at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
+  static const auto op = op_handle<BiasBackwardSig>("fused::post_pool_bias_backward");
+  Outputs r;
+  {
+    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+    r = op.call(grad_output, selected, offsets, bias, multiplier, negative_slope, negative_slope2, input_size,
+                kernel_size, stride, padding, dilation, channels_last);
+  }
+  raise_on_double_backward(double_backward_message("fused::post_pool_bias_backward"),
+                           {grad_output, selected, offsets, bias, multiplier},
+                           {std::get<0>(r), std::get<1>(r), std::get<2>(r)});
+  return r;
+}
+
 }  // namespace
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("post_pool", &fused::post_pool_autograd);
+  m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_autograd);
+  m.impl("post_pool_backward", &fused::post_pool_backward_autograd);
   m.impl("post_pool_bias", &fused::post_pool_bias_autograd);
+  m.impl("post_pool_bias_with_offsets", &fused::post_pool_bias_with_offsets_autograd);
+  m.impl("post_pool_bias_backward", &fused::post_pool_bias_backward_autograd);
 }

@@ -1,19 +1,12 @@
-"""Python face of the fused ops: typed wrappers, fake (meta) impls and autograd.
+"""The post_pool ops' Python face: the typed wrapper post_pool, the eager reference, and the fake (meta) impls.
 
-Ops (schemas in csrc/ops.cpp):
-  fused::post_pool               inference forward
-  fused::post_pool_with_offsets  training forward: also the selected input value and window offset per output
-  fused::post_pool_backward      gradients of input and multiplier from those pooled-size tensors
-  fused::post_pool_bias*         the same three with a per-channel bias added to the input first (the Inductor
-                                 pass can fold a convolution's bias into them)
-Private ops (no fake impl, not for graphs):
-  fused::_post_pool_backward_tuned  the CUDA backward with launch choices other than the shipped ones (the sweep
-                                    benchmarks/post_pool/backward_sweep.py and the tests comparing the forms)
-  fused::_set_cpu_huge_pages        whether the CPU kernels advise huge pages (the settings module calls it)
-
-Autograd: post_pool_with_offsets has a registered backward (post_pool_backward). post_pool's Autograd kernel
-routes calls that need gradients to post_pool_with_offsets, so training keeps only pooled-size tensors alive
-(never the full-resolution input) and compiled graphs still show fused.post_pool in inference and export.
+Ops (schemas in csrc/ops.cpp; kernels in csrc/post_pool/):
+  fused::post_pool, fused::post_pool_bias        inference forward (the bias one adds a per-channel bias first)
+  fused::post_pool[_bias]_with_offsets          training forward: also the selected input and window offset
+  fused::post_pool[_bias]_backward              gradients from those pooled-size tensors
+Private, no fake impl: fused::_post_pool_backward_tuned (CUDA launch choices), fused::_set_cpu_huge_pages.
+Autograd is C++ (csrc/post_pool/autograd.cpp): a call needing gradients runs the training forward, which saves
+pooled-size tensors only; double backward raises. Nothing here runs on an eager training step but the wrapper.
 """
 from __future__ import annotations
 
@@ -154,82 +147,3 @@ def _post_pool_bias_backward_fake(grad_output, selected, offsets, bias, multipli
         grad_output, selected, offsets, multiplier, negative_slope, negative_slope2, input_size, kernel_size, stride,
         padding, dilation, channels_last)
     return grad_input, torch.empty(bias.shape, dtype=bias.dtype, device=bias.device), grad_multiplier
-
-
-# ---- autograd -----------------------------------------------------------------------------------------------
-
-def _setup_context(ctx, inputs, output):
-    input, multiplier, negative_slope, kernel_size, stride, padding, dilation, _ceil_mode, negative_slope2 = inputs
-    _out, selected, offsets = output
-    ctx.mark_non_differentiable(selected, offsets)
-    ctx.save_for_backward(selected, offsets, multiplier)
-    k, s, p, d = common.pool_params("fused::post_pool", kernel_size, stride, padding, dilation)
-    ctx.pool = (k, s, p, d)
-    ctx.slopes = (negative_slope, negative_slope2)
-    ctx.input_size = list(input.shape)
-    ctx.channels_last = common.output_memory_format(input) == torch.channels_last_3d
-
-
-def _backward(ctx, grad_out, _grad_selected, _grad_offsets):
-    selected, offsets, multiplier = ctx.saved_tensors
-    k, s, p, d = ctx.pool
-    grad_input, grad_multiplier = _ops.post_pool_backward(
-        grad_out, selected, offsets, multiplier, ctx.slopes[0], ctx.slopes[1], ctx.input_size, k, s, p, d,
-        ctx.channels_last,
-    )
-    return (
-        grad_input if ctx.needs_input_grad[0] else None,
-        grad_multiplier if ctx.needs_input_grad[1] else None,
-        None, None, None, None, None, None, None,
-    )
-
-
-torch.library.register_autograd("fused::post_pool_with_offsets", _backward, setup_context=_setup_context)
-
-
-def _setup_context_bias(ctx, inputs, output):
-    input, bias, multiplier, negative_slope, kernel_size, stride, padding, dilation, _ceil, negative_slope2 = inputs
-    _out, selected, offsets = output
-    ctx.mark_non_differentiable(selected, offsets)
-    ctx.save_for_backward(selected, offsets, bias, multiplier)
-    ctx.pool = common.pool_params("fused::post_pool_bias", kernel_size, stride, padding, dilation)
-    ctx.slopes = (negative_slope, negative_slope2)
-    ctx.input_size = list(input.shape)
-    ctx.channels_last = common.output_memory_format(input) == torch.channels_last_3d
-
-
-def _backward_bias(ctx, grad_out, _grad_selected, _grad_offsets):
-    selected, offsets, bias, multiplier = ctx.saved_tensors
-    k, s, p, d = ctx.pool
-    grad_input, grad_bias, grad_multiplier = _ops.post_pool_bias_backward(
-        grad_out, selected, offsets, bias, multiplier, ctx.slopes[0], ctx.slopes[1], ctx.input_size, k, s, p, d,
-        ctx.channels_last,
-    )
-    needs = ctx.needs_input_grad
-    return (
-        grad_input if needs[0] else None,
-        grad_bias if needs[1] else None,
-        grad_multiplier if needs[2] else None,
-        None, None, None, None, None, None, None,
-    )
-
-
-torch.library.register_autograd("fused::post_pool_bias_with_offsets", _backward_bias,
-                                setup_context=_setup_context_bias)
-
-# post_pool's and post_pool_bias's own Autograd kernels (csrc/post_pool/autograd.cpp) run the training forward
-# above when a gradient is needed, the inference kernel otherwise. They are C++ because they run on every call.
-
-
-# The backward ops are not differentiable. Without an autograd formula, autograd would treat them as constants
-# when a graph is built through them (create_graph=True) and return zero second derivatives in silence; raise
-# instead.
-def _no_double_backward(op):
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{op}: double backward is not supported (gradients of fused.post_pool's gradients)")
-
-    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
-
-
-for _op in ("fused::post_pool_backward", "fused::post_pool_bias_backward"):
-    _no_double_backward(_op)
