@@ -1,5 +1,5 @@
-// Autograd of the post_pool ops, in C++ because it runs on every eager training call (a Python autograd formula
-// costs several microseconds of host time per call, which made back-to-back 16-bit calls host-bound).
+// Autograd of the post_pool ops, in C++ because it runs on every eager training call: a Python autograd formula
+// costs tens of microseconds of host time per forward and backward, more than the CPU kernels at small sizes.
 //
 // post_pool and post_pool_bias: a call that needs a gradient runs the training forward (post_pool_with_offsets /
 // post_pool_bias_with_offsets) through the dispatcher, so that compiled training graphs show it; otherwise the
@@ -7,7 +7,7 @@
 //
 // The training forwards' node saves only pooled-size tensors (the selected input values, their window offsets)
 // besides the multiplier and bias, never the full-resolution input; backward is post_pool_backward /
-// post_pool_bias_backward on them. The backward ops raise when their gradients are differentiated again.
+// post_pool_bias_backward on them. The backward ops' own results raise when differentiated again.
 #include "common/autograd.h"
 #include "post_pool/post_pool.h"
 
@@ -83,9 +83,8 @@ struct BackwardArgs {
 
 BackwardArgs backward_args(AutogradContext* ctx) {
   auto& d = ctx->saved_data;
-  const auto slopes = d["slopes"].toDoubleVector();
-  return {slopes[0],
-          slopes.size() == 2 ? std::optional<double>(slopes[1]) : std::nullopt,
+  return {d["slope"].toDouble(),
+          d["slope2"].isNone() ? std::nullopt : std::optional<double>(d["slope2"].toDouble()),
           d["input_size"].toSymIntVector(),
           d["kernel_size"].toIntVector(),
           d["stride"].toIntVector(),
@@ -117,10 +116,8 @@ struct PostPoolFunction : public torch::autograd::Function<PostPoolFunction> {
     d["stride"] = a.stride.vec();
     d["padding"] = a.padding.vec();
     d["dilation"] = a.dilation.vec();
-    // One list, so that compiled autograd keys its cache on the slopes instead of lifting them to graph inputs
-    // (the backward ops take plain floats).
-    d["slopes"] = a.negative_slope2.has_value() ? std::vector<double>{a.negative_slope, *a.negative_slope2}
-                                                : std::vector<double>{a.negative_slope};
+    d["slope"] = a.negative_slope;
+    d["slope2"] = a.negative_slope2.has_value() ? c10::IValue(*a.negative_slope2) : c10::IValue();
     // grad_input takes the layout the forward read the input in.
     d["channels_last"] = output_memory_format(input) == at::MemoryFormat::ChannelsLast3d;
     return {out};
