@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -266,10 +267,52 @@ at::Tensor conv_transpose3d_post_pool_autograd(const at::Tensor& input, const at
                         negative_slope2);
 }
 
+// The backward ops at pooled resolution are not differentiable: computed below autograd, their results raise when
+// differentiated (without this a graph built through them would treat them as constants: zero second derivatives
+// in silence).
+std::string backward_op_message(const char* op) {
+  return std::string(op) + ": double backward is not supported (gradients of fused.conv_transpose3d_post_pool's "
+                           "gradients)";
+}
+
+Outputs grad_conv_autograd(const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
+                           const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2) {
+  static constexpr const char* kName = "fused::_conv_transpose3d_post_pool_grad_conv";
+  static const auto op = op_handle<GradConvSig>(kName);
+  Outputs r;
+  {
+    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+    r = op.call(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2);
+  }
+  raise_on_double_backward(backward_op_message(kName), {grad_output, selected, offsets, multiplier},
+                           {std::get<0>(r), std::get<1>(r), std::get<2>(r)});
+  return r;
+}
+
+// _grad_weight and _grad_input: one signature, told apart by the op's name.
+template <const char* kName>
+at::Tensor grad_from_conv_autograd(const at::Tensor& grad_conv, const at::Tensor& offsets, const at::Tensor& other,
+                                   at::IntArrayRef output_padding) {
+  static const auto op = op_handle<GradFromConvSig>(kName);
+  at::Tensor r;
+  {
+    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+    r = op.call(grad_conv, offsets, other, output_padding);
+  }
+  raise_on_double_backward(backward_op_message(kName), {grad_conv, offsets, other}, {r});
+  return r;
+}
+
+constexpr char kGradWeightName[] = "fused::_conv_transpose3d_post_pool_grad_weight";
+constexpr char kGradInputName[] = "fused::_conv_transpose3d_post_pool_grad_input";
+
 }  // namespace
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool_autograd);
   m.impl("conv_transpose3d_post_pool_with_offsets", &fused::conv_transpose3d_post_pool_with_offsets_autograd);
+  m.impl("_conv_transpose3d_post_pool_grad_conv", &fused::grad_conv_autograd);
+  m.impl("_conv_transpose3d_post_pool_grad_weight", &fused::grad_from_conv_autograd<fused::kGradWeightName>);
+  m.impl("_conv_transpose3d_post_pool_grad_input", &fused::grad_from_conv_autograd<fused::kGradInputName>);
 }

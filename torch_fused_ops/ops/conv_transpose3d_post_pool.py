@@ -307,16 +307,3 @@ def _grad_input_fake(grad_conv, offsets, weight, output_padding):
     return torch.empty((n, weight.shape[0], pd + 1 - o[0], ph + 1 - o[1], pw + 1 - o[2]), dtype=grad_conv.dtype,
                        device=grad_conv.device, memory_format=_grad_input_format(grad_conv))
 
-
-# The backward ops are not differentiable: without an autograd formula, a graph built through them
-# (create_graph=True) would treat them as constants and give zero second derivatives in silence.
-def _no_double_backward(op):
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{op}: double backward is not supported (gradients of "
-                           "fused.conv_transpose3d_post_pool's gradients)")
-
-    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
-
-
-for _op in (_GRAD_CONV_OP, _GRAD_WEIGHT_OP, _GRAD_INPUT_OP):
-    _no_double_backward(_op)
