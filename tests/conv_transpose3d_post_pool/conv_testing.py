@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
 from torch_fused_ops import conv_transpose3d_post_pool
@@ -256,3 +257,36 @@ def ran_aten_convolution(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     return any(e.name == "aten::convolution" for e in prof.events())
+
+
+# ---- the coverage check's arguments ------------------------------------------------------------------------------
+
+# The fused kernel's geometry, as conv_transpose3d_post_pool_coverage's functions take it after input and weight.
+COVERAGE_DEFAULTS = dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, kernel_size=2, pool_stride=2,
+                         pool_padding=0, pool_dilation=1, ceil_mode=False)
+
+
+def coverage_tensors(device="cuda", dtype=torch.float32, cin=4, cout=6, k=(3, 3, 3), dhw=(2, 3, 2), n=1, mode=None):
+    """Input and weight: fake tensors by default (fake CUDA ones need no GPU), real ones when `mode` is False."""
+    def build():
+        return (torch.empty(n, cin, *dhw, device=device, dtype=dtype),
+                torch.empty(cin, cout, *k, device=device, dtype=dtype))
+    if mode is False:
+        return build()
+    with mode or FakeTensorMode():
+        return build()
+
+
+def symbolic_sizes(*values, unbacked=()):
+    """A ShapeEnv and one SymInt per value: backed with that hint (as Dynamo makes them), or unbacked where listed."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    out = []
+    for i, v in enumerate(values):
+        if i in unbacked:
+            out.append(env.create_unbacked_symint())
+        else:
+            out.append(env.create_symintnode(env.create_symbol(v, ConstantSource(f"s{i}")), hint=v))
+    return env, out

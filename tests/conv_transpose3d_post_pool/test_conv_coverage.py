@@ -10,31 +10,18 @@ from torch.profiler import ProfilerActivity, profile
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
 from torch_fused_ops.ops import common as _geometry
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import fused_kernel_applies
-from conv_testing import (CONFIGS, FUSED_CONFIGS, OPS, config_args, make_tensors, ran_aten_convolution,
-                          reference_config, requires_cuda)
+from conv_testing import (CONFIGS, COVERAGE_DEFAULTS, FUSED_CONFIGS, OPS, config_args, coverage_tensors, make_tensors,
+                          ran_aten_convolution, reference_config, requires_cuda, symbolic_sizes)
 
 HAS_CUDA = torch.cuda.is_available()
-DEFAULT = dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, kernel_size=2, pool_stride=2,
-               pool_padding=0, pool_dilation=1, ceil_mode=False)
-
-
-def tensors(device="cuda", dtype=torch.float32, cin=4, cout=6, k=(3, 3, 3), dhw=(2, 3, 2), n=1, mode=None):
-    """Input and weight: fake CUDA tensors by default (no GPU needed), real ones when `mode` is False."""
-    def build():
-        return (torch.empty(n, cin, *dhw, device=device, dtype=dtype),
-                torch.empty(cin, cout, *k, device=device, dtype=dtype))
-    if mode is False:
-        return build()
-    with mode or FakeTensorMode():
-        return build()
 
 
 def applies(x, w, **changes):
-    return fused_kernel_applies(x, w, **{**DEFAULT, **changes})
+    return fused_kernel_applies(x, w, **{**COVERAGE_DEFAULTS, **changes})
 
 
 def test_default_geometry_and_its_spellings():
-    x, w = tensors()
+    x, w = coverage_tensors()
     assert applies(x, w)
     for change in [dict(stride=[2, 2, 2], padding=(1, 1, 1), output_padding=[1, 0, 1], dilation=(1,)),
                    dict(output_padding=0), dict(kernel_size=(2, 2, 2), pool_stride=None), dict(pool_stride=[]),
@@ -42,9 +29,9 @@ def test_default_geometry_and_its_spellings():
                    dict(ceil_mode=True)]:  # ceil_mode with output_padding 1: the floor-mode size
         assert applies(x, w, **change), change
     for dtype in (torch.bfloat16, torch.float16):
-        assert applies(*tensors(dtype=dtype))
+        assert applies(*coverage_tensors(dtype=dtype))
     for n, cin, cout, dhw in [(0, 4, 6, (2, 3, 2)), (3, 1, 1, (1, 1, 1)), (2, 33, 128, (5, 7, 3))]:
-        assert applies(*tensors(n=n, cin=cin, cout=cout, dhw=dhw))
+        assert applies(*coverage_tensors(n=n, cin=cin, cout=cout, dhw=dhw))
     with FakeTensorMode():
         xc = torch.empty(1, 4, 2, 3, 2, device="cuda").contiguous(memory_format=torch.channels_last_3d)
         xs = torch.empty(1, 4, 2, 3, 4, device="cuda")[..., ::2]
@@ -62,21 +49,21 @@ def test_default_geometry_and_its_spellings():
     "cpu", "float64", "weight_dtype", "weight_device", "kernel_2x3x3", "weight_cin", "cin0", "x_4d", "not_tensors",
 ], ids=str)
 def test_each_deviation_is_refused_without_raising(change):
-    x, w = tensors()
+    x, w = coverage_tensors()
     if change == "cpu":
-        x, w = tensors(device="cpu")
+        x, w = coverage_tensors(device="cpu")
     elif change == "float64":
-        x, w = tensors(dtype=torch.float64)
+        x, w = coverage_tensors(dtype=torch.float64)
     elif change == "weight_dtype":
-        w = tensors(dtype=torch.float16)[1]
+        w = coverage_tensors(dtype=torch.float16)[1]
     elif change == "weight_device":
-        w = tensors(device="cpu")[1]
+        w = coverage_tensors(device="cpu")[1]
     elif change == "kernel_2x3x3":
-        w = tensors(k=(2, 3, 3))[1]
+        w = coverage_tensors(k=(2, 3, 3))[1]
     elif change == "weight_cin":
-        w = tensors(cin=3)[1]
+        w = coverage_tensors(cin=3)[1]
     elif change == "cin0":  # the convolution output is the bias alone: the composite covers it
-        x, w = tensors(cin=0)
+        x, w = coverage_tensors(cin=0)
     elif change == "x_4d":
         x = x[0]
     elif change == "not_tensors":
@@ -97,27 +84,14 @@ def test_size_rule_matches_the_pool_formula(d, op, ceil):
     pooled = _geometry.pooled_size(conv, 2, 2, 0, 1, ceil)
     if pooled < 1:
         return  # the op rejects the call (output too small) before any kernel choice
-    x, w = tensors(dhw=(d, 2, 3))
+    x, w = coverage_tensors(dhw=(d, 2, 3))
     assert applies(x, w, output_padding=[op, 1, 1], ceil_mode=ceil) == (pooled == d - 1 + op)
 
-
-def _symbolic(*values, unbacked=()):
-    from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    env = ShapeEnv()
-    out = []
-    for i, v in enumerate(values):
-        if i in unbacked:
-            out.append(env.create_unbacked_symint())
-        else:
-            out.append(env.create_symintnode(env.create_symbol(v, ConstantSource(f"s{i}")), hint=v))
-    return env, out
 
 
 def test_symbolic_sizes_apply_without_guards():
     # torch.compile(dynamic=True): batch and spatial sizes symbolic (backed, as Dynamo makes them).
-    env, (n, d, h, w_) = _symbolic(2, 3, 4, 5)
+    env, (n, d, h, w_) = symbolic_sizes(2, 3, 4, 5)
     with FakeTensorMode(shape_env=env):
         x = torch.empty(n, 4, d, h, w_, device="cuda")
         w = torch.empty(4, 6, 3, 3, 3, device="cuda")
@@ -129,7 +103,7 @@ def test_symbolic_sizes_apply_without_guards():
 def test_unknown_sizes_mean_not_the_fused_kernel():
     # A channel count or kernel size the shape environment cannot prove (unbacked) is "not this route": no
     # exception, no guard.
-    env, (cin, k) = _symbolic(4, 3, unbacked=(0, 1))
+    env, (cin, k) = symbolic_sizes(4, 3, unbacked=(0, 1))
     with FakeTensorMode(shape_env=env):
         x = torch.empty(1, cin, 2, 3, 2, device="cuda")
         w_cin = torch.empty(cin, 6, 3, 3, 3, device="cuda")
@@ -186,7 +160,7 @@ def test_the_op_takes_the_fused_kernel_exactly_where_it_applies(device, label, c
     cout = wshape[1] * changes.get("groups", 1)
     b = torch.randn(cout, generator=gen).to(device=device, dtype=dtype)
     m = torch.randn(cout, 1, 1, 1, generator=gen).to(device=device, dtype=dtype)
-    a = {**DEFAULT, **changes}
+    a = {**COVERAGE_DEFAULTS, **changes}
     for key in ("stride", "padding", "output_padding", "dilation", "kernel_size", "pool_stride", "pool_padding",
                 "pool_dilation"):
         a[key] = _geometry.expand3(key, a[key])

@@ -12,24 +12,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
+from conv_testing import COVERAGE_DEFAULTS, coverage_tensors, symbolic_sizes
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import (PYTHON_ONLY, Reason, Unsupported,
                                                                      fused_kernel_applies, unsupported_reasons)
 
 CHECKS_CPP = pathlib.Path(__file__).resolve().parents[2] / "csrc" / "conv_transpose3d_post_pool" / "checks.cpp"
-DEFAULT = dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, kernel_size=2, pool_stride=2,
-               pool_padding=0, pool_dilation=1, ceil_mode=False)
 U = Unsupported
 
 
-def tensors(device="cuda", dtype=torch.float32, cin=4, cout=6, k=(3, 3, 3), dhw=(2, 3, 2), n=1):
-    """Fake input and weight (fake CUDA tensors need no GPU)."""
-    with FakeTensorMode():
-        return (torch.empty(n, cin, *dhw, device=device, dtype=dtype),
-                torch.empty(cin, cout, *k, device=device, dtype=dtype))
-
-
 def reasons(x, w, **changes):
-    return unsupported_reasons(x, w, **{**DEFAULT, **changes})
+    return unsupported_reasons(x, w, **{**COVERAGE_DEFAULTS, **changes})
 
 
 def kinds(rs):
@@ -56,13 +48,13 @@ def test_cpp_texts_and_order_are_the_python_kinds():
 
 
 def test_the_kernels_geometry_has_no_reason():
-    x, w = tensors()
-    assert reasons(x, w) == [] and fused_kernel_applies(x, w, **DEFAULT)
+    x, w = coverage_tensors()
+    assert reasons(x, w) == [] and fused_kernel_applies(x, w, **COVERAGE_DEFAULTS)
     for change in [dict(output_padding=0), dict(pool_stride=None), dict(pool_stride=[]), dict(ceil_mode=True),
                    dict(stride=[2, 2, 2], padding=(1,), kernel_size=(2, 2, 2), pool_dilation=[1, 1, 1])]:
         assert reasons(x, w, **change) == [], change
     for dtype in (torch.bfloat16, torch.float16):
-        assert reasons(*tensors(dtype=dtype)) == []
+        assert reasons(*coverage_tensors(dtype=dtype)) == []
 
 
 # (kind, how to make it: changes to DEFAULT or a tensor change, the sentence it gives)
@@ -94,12 +86,12 @@ CASES = [
 
 
 def _case_tensors(change):
-    x, w = tensors()
-    special = {"not_tensors": lambda: (None, "weight"), "cpu": lambda: tensors(device="cpu"),
-               "float64": lambda: tensors(dtype=torch.float64), "x_4d": lambda: (x[0], w),
-               "weight_dtype": lambda: (x, tensors(dtype=torch.float16)[1]),
-               "weight_cin": lambda: (x, tensors(cin=3)[1]), "cin0": lambda: tensors(cin=0),
-               "kernel_2x3x3": lambda: (x, tensors(k=(2, 3, 3))[1])}
+    x, w = coverage_tensors()
+    special = {"not_tensors": lambda: (None, "weight"), "cpu": lambda: coverage_tensors(device="cpu"),
+               "float64": lambda: coverage_tensors(dtype=torch.float64), "x_4d": lambda: (x[0], w),
+               "weight_dtype": lambda: (x, coverage_tensors(dtype=torch.float16)[1]),
+               "weight_cin": lambda: (x, coverage_tensors(cin=3)[1]), "cin0": lambda: coverage_tensors(cin=0),
+               "kernel_2x3x3": lambda: (x, coverage_tensors(k=(2, 3, 3))[1])}
     return special[change]() if isinstance(change, str) else (x, w)
 
 
@@ -109,7 +101,7 @@ def test_each_reason_alone_names_the_argument_and_its_value(kind, change, text):
     rs = reasons(x, w, **(change if isinstance(change, dict) else {}))
     assert kinds(rs) == [kind]
     assert rs[0].startswith(text), rs[0]
-    assert isinstance(rs[0], str) and not fused_kernel_applies(x, w, **{**DEFAULT, **(change if isinstance(
+    assert isinstance(rs[0], str) and not fused_kernel_applies(x, w, **{**COVERAGE_DEFAULTS, **(change if isinstance(
         change, dict) else {})})
 
 
@@ -125,7 +117,7 @@ def test_sparse_layout_is_a_reason():
 
 
 def test_every_reason_is_given_in_the_cpp_order():
-    x, w = tensors(device="cpu", dtype=torch.float64, k=(3, 2, 3))
+    x, w = coverage_tensors(device="cpu", dtype=torch.float64, k=(3, 2, 3))
     rs = reasons(x, w, stride=1, padding=0, dilation=2, output_padding=3, groups=2, kernel_size=3, pool_stride=1,
                  pool_padding=1, pool_dilation=2, ceil_mode=True)
     # The ceil_mode rule is stated for the kernel's geometry (the C++ asks it last): not asked here.
@@ -133,7 +125,7 @@ def test_every_reason_is_given_in_the_cpp_order():
                          U.POOL_KERNEL, U.POOL_STRIDE, U.POOL_PADDING, U.POOL_DILATION]
     order = list(Unsupported)
     assert [order.index(k) for k in kinds(rs)] == sorted(order.index(k) for k in kinds(rs))
-    x, w = tensors(device="cpu", dtype=torch.float64, cin=0)
+    x, w = coverage_tensors(device="cpu", dtype=torch.float64, cin=0)
     assert kinds(reasons(x, w, groups=2, ceil_mode=True, output_padding=0)) == [U.NOT_CUDA, U.DTYPE, U.GROUPS,
                                                                                 U.NO_CHANNELS, U.CEIL_MODE]
 
@@ -143,27 +135,14 @@ def test_non_tensor_arguments_still_report_the_geometry():
 
 
 def test_reasons_pickle_with_their_kind():
-    r = reasons(*tensors(device="cpu"))[0]
+    r = reasons(*coverage_tensors(device="cpu"))[0]
     back = pickle.loads(pickle.dumps(r))
     assert back == r and back.kind is U.NOT_CUDA and isinstance(back, Reason)
 
 
-def _symbolic(*values, unbacked=()):
-    from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    env = ShapeEnv()
-    out = []
-    for i, v in enumerate(values):
-        if i in unbacked:
-            out.append(env.create_unbacked_symint())
-        else:
-            out.append(env.create_symintnode(env.create_symbol(v, ConstantSource(f"s{i}")), hint=v))
-    return env, out
-
 
 def test_symbolic_sizes_give_reasons_without_guards():
-    env, (n, d, h, w_) = _symbolic(2, 3, 4, 5)
+    env, (n, d, h, w_) = symbolic_sizes(2, 3, 4, 5)
     with FakeTensorMode(shape_env=env):
         x = torch.empty(n, 4, d, h, w_, device="cuda")
         w = torch.empty(4, 6, 3, 3, 3, device="cuda")
@@ -175,7 +154,7 @@ def test_symbolic_sizes_give_reasons_without_guards():
 
 
 def test_sizes_it_cannot_prove_are_reasons_worded_as_such():
-    env, (cin, k) = _symbolic(4, 3, unbacked=(0, 1))
+    env, (cin, k) = symbolic_sizes(4, 3, unbacked=(0, 1))
     with FakeTensorMode(shape_env=env):
         x = torch.empty(1, cin, 2, 3, 2, device="cuda")
         w_cin = torch.empty(cin, 6, 3, 3, 3, device="cuda")
@@ -190,12 +169,12 @@ def test_sizes_it_cannot_prove_are_reasons_worded_as_such():
     assert kinds(rs) == [U.KERNEL] and "cannot be proven without a guard" in rs[0]
     rs = reasons(x, w4)  # channels u0 against 4: not provably equal
     assert kinds(rs) == [U.WEIGHT_CIN, U.NO_CHANNELS] and "cannot be proven without a guard" in rs[0]
-    assert "cannot be proven" not in reasons(*tensors(k=(2, 3, 3)))[0]  # a certain refusal says so plainly
+    assert "cannot be proven" not in reasons(*coverage_tensors(k=(2, 3, 3)))[0]  # a certain refusal says so plainly
     assert len(env.guards) == before
 
 
 def test_fused_kernel_applies_is_no_reason():
-    x, w = tensors()
+    x, w = coverage_tensors()
     for change in [{}, dict(stride=1), dict(ceil_mode=True, output_padding=0), dict(groups=2)]:
-        a = {**DEFAULT, **change}
+        a = {**COVERAGE_DEFAULTS, **change}
         assert fused_kernel_applies(x, w, **a) == (not unsupported_reasons(x, w, **a))
