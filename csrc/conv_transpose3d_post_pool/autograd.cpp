@@ -228,12 +228,14 @@ bool needs_grad(const at::Tensor& input, const at::Tensor& weight, const std::op
   return wants(input) || wants(weight) || (bias.has_value() && wants(*bias)) || wants(multiplier);
 }
 
-Outputs conv_transpose3d_post_pool_with_offsets_autograd(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
-                              int64_t groups, at::IntArrayRef dilation, const at::Tensor& multiplier,
-                              double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
-                              at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode,
-                              std::optional<double> negative_slope2) {
+Outputs conv_transpose3d_post_pool_with_offsets_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                                         const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                                         at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                                         int64_t groups, at::IntArrayRef dilation,
+                                                         const at::Tensor& multiplier, double negative_slope,
+                                                         at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
+                                                         at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation,
+                                                         bool ceil_mode, std::optional<double> negative_slope2) {
   if (needs_grad(input, weight, bias, multiplier)) {
     const Args a{stride,       padding,     output_padding, groups,        dilation,  negative_slope,
                  kernel_size,  pool_stride, pool_padding,   pool_dilation, ceil_mode, negative_slope2};

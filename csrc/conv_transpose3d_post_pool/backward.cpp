@@ -174,7 +174,7 @@ void grad_conv_composite(const at::Tensor& grad_output, const at::Tensor& select
   // does (no FMA: only one operation per step).
   const auto acc = at::toOpMathType(grad_output.scalar_type());
   const int64_t C = grad_output.size(1);
-  const at::Tensor flat = flat_multiplier(multiplier).to(acc);
+  const at::Tensor flat = post_pool::flat_multiplier(multiplier).to(acc);
   const at::Tensor m = flat.numel() == 1 ? flat.reshape({}) : flat.view({1, C, 1, 1, 1});
   const at::Tensor x = selected.to(acc);
   const at::Tensor g = grad_output.to(acc).add(0);  // eager accumulates into zeros: -0 becomes +0
@@ -184,7 +184,7 @@ void grad_conv_composite(const at::Tensor& grad_output, const at::Tensor& select
   const at::Tensor gy1 = gy2.mul(m);
   grad_conv.copy_(at::where(x > 0, gy1, gy1.mul(s1)));
   grad_bias = grad_conv.to(acc).sum(at::IntArrayRef({0, 2, 3, 4})).to(grad_output.scalar_type());
-  grad_multiplier = reduce_grad_multiplier(gy2.mul(y1), multiplier);
+  grad_multiplier = post_pool::reduce_grad_multiplier(gy2.mul(y1), multiplier);
 }
 
 // ---- the ops -----------------------------------------------------------------------------------------------
@@ -198,14 +198,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_transpose3d_post_pool_grad_c
   check_defined(op, "selected", selected);
   check_defined(op, "offsets", offsets);
   check_defined(op, "multiplier", multiplier);
-  check_saved_pooled(op, grad_output, selected, offsets);
+  post_pool::check_saved_pooled(op, grad_output, selected, offsets);
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kByte, op, ": offsets must be uint8 (2x2x2 windows), got ",
                    offsets.scalar_type());
   // post_pool's own checks of the dtype and the multiplier (one element, or C along the channel dim), with a
   // kernel of 1 so that grad_output's sizes are the pooled ones.
-  check_post_pool_sizes(op, grad_output.sizes(), grad_output.scalar_type(), grad_output.device(), multiplier, {1},
-                        {}, {0}, {1}, false, false);
-  check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
+  post_pool::check_post_pool_sizes(op, grad_output.sizes(), grad_output.scalar_type(), grad_output.device(), multiplier,
+                                   {1}, {}, {0}, {1}, false, false);
+  post_pool::check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
   const double s2 = negative_slope2.value_or(negative_slope);
 
   const c10::DeviceGuard guard(grad_output.device());
@@ -221,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_transpose3d_post_pool_grad_c
   if (grad_output.is_cuda() && kernel_dtype(grad_output.scalar_type())) {
     grad_bias = at::empty({C}, options);
     grad_multiplier = at::empty(multiplier.sizes(), options);
-    const at::Tensor m = multiplier.is_contiguous() ? multiplier : flat_multiplier(multiplier);
+    const at::Tensor m = multiplier.is_contiguous() ? multiplier : post_pool::flat_multiplier(multiplier);
     launch_conv_transpose3d_post_pool_grad_conv_cuda(
         strided_like(grad_output, grad_conv), strided_like(selected, grad_conv), strided_like(offsets, grad_conv), m,
         negative_slope, s2, grad_conv, grad_bias, grad_multiplier);

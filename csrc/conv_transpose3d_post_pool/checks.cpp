@@ -109,13 +109,11 @@ bool conv_allows_tf32() {
   return conv_tf32_flag(at::globalContext());
 }
 
-ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                                               const std::optional<at::Tensor>& bias_opt, at::IntArrayRef stride,
-                                               at::IntArrayRef padding, at::IntArrayRef output_padding,
-                                               int64_t groups, at::IntArrayRef dilation, const at::Tensor& multiplier,
-                                               at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
-                                               at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation,
-                                               bool ceil_mode) {
+ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(
+    const char* op, const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias_opt,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
+    at::IntArrayRef dilation, const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
+    at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode) {
   // Same order as conv_ops._conv_geometry / _output_meta, so a call with several problems reports the same one.
   check_defined(op, "input", input);
   check_defined(op, "weight", weight);
@@ -168,9 +166,9 @@ ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(const char
   TORCH_CHECK_VALUE(g.conv_size[2] > 0 && g.conv_size[3] > 0 && g.conv_size[4] > 0, op,
                     ": convolution output size ", at::IntArrayRef(g.conv_size).slice(2), " is not positive");
   g.format = conv_output_format(input, weight, bias_opt, s, p, o, d, groups, g.conv_size);
-  g.pool = check_post_pool_sizes(op, g.conv_size, input.scalar_type(), input.device(), multiplier, kernel_size,
-                                 pool_stride, pool_padding, pool_dilation, ceil_mode,
-                                 g.format == at::MemoryFormat::ChannelsLast3d);
+  g.pool = post_pool::check_post_pool_sizes(op, g.conv_size, input.scalar_type(), input.device(), multiplier,
+                                            kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode,
+                                            g.format == at::MemoryFormat::ChannelsLast3d);
   return g;
 }
 
@@ -192,7 +190,7 @@ const char* fused_kernel_unsupported_reason(const at::Tensor& input, const at::T
   for (const int64_t o : g.output_padding) {
     if (o != 0 && o != 1) return "output_padding is not 0 or 1";
   }
-  const PoolGeometry& pg = g.pool;
+  const post_pool::PoolGeometry& pg = g.pool;
   if (pg.kd != 2 || pg.kh != 2 || pg.kw != 2) return "kernel_size is not 2";
   if (pg.sd != 2 || pg.sh != 2 || pg.sw != 2) return "pool_stride is not 2";
   if (pg.pd != 0 || pg.ph != 0 || pg.pw != 0) return "pool_padding is not 0";

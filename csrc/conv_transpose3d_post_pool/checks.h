@@ -1,7 +1,8 @@
 // Host side of fused::conv_transpose3d_post_pool[_with_offsets], shared by its kernels
 // (conv_transpose3d_post_pool.cpp) and its autograd (autograd.cpp): the argument checks
 // both devices run, the output memory format, and whether the fused CUDA kernel covers a call.
-// torch_fused_ops/ops/conv_transpose3d_post_pool.py mirrors the checks for the fake impls (same exception types and wording).
+// torch_fused_ops/ops/conv_transpose3d_post_pool.py mirrors the checks for the fake impls (same exception types and
+// wording).
 #pragma once
 
 #include "post_pool/post_pool.h"
@@ -26,19 +27,18 @@ struct ConvTranspose3dPostPoolGeometry {
   // The memory format of the op's outputs: the one aten's convolution gives its output for these arguments
   // (so the one the eager composite's result has).
   at::MemoryFormat format;
-  PoolGeometry pool;  // post_pool's geometry over conv_size (pool.channels_last == (format == ChannelsLast3d))
+  post_pool::PoolGeometry
+      pool;  // post_pool's geometry over conv_size (pool.channels_last == (format == ChannelsLast3d))
   std::array<int64_t, 5> pooled_size() const { return {pool.N, pool.C, pool.OD, pool.OH, pool.OW}; }
 };
 
 // Validates the op's arguments; raises TypeError (dtypes, missing tensors) or ValueError (values) naming the
 // problem, prefixed by `op`. The pool part is post_pool's own check (check_post_pool_sizes).
-ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                                               const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                               at::IntArrayRef padding, at::IntArrayRef output_padding,
-                                               int64_t groups, at::IntArrayRef dilation, const at::Tensor& multiplier,
-                                               at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
-                                               at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation,
-                                               bool ceil_mode);
+ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(
+    const char* op, const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
+    at::IntArrayRef dilation, const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
+    at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode);
 
 // Why the fused CUDA kernel (csrc/conv_transpose3d_post_pool/contract.h) does not compute this call, as a static
 // text; nullptr where it does. The first reason in the order of the Python mirror's `Unsupported`

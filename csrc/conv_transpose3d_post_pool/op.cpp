@@ -47,10 +47,11 @@ at::Tensor in_kernel_layout(const at::Tensor& t, at::MemoryFormat format) {
 }
 
 // The composite: aten's convolution (whose output already has the op's memory format), then post_pool.
-Outputs composite(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, const at::Tensor& input, const at::Tensor& weight,
-                  const std::optional<at::Tensor>& bias, const at::Tensor& multiplier, double negative_slope,
-                  at::IntArrayRef kernel_size, at::IntArrayRef pool_stride, at::IntArrayRef pool_padding,
-                  at::IntArrayRef pool_dilation, bool ceil_mode, std::optional<double> negative_slope2) {
+Outputs composite(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, const at::Tensor& input,
+                  const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& multiplier,
+                  double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
+                  at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode,
+                  std::optional<double> negative_slope2) {
   const at::Tensor y = at::convolution(input, weight, bias, g.stride, g.padding, g.dilation, /*transposed=*/true,
                                        g.output_padding, g.groups);
   // post_pool gives the memory format of its input, so y's layout carries through; .contiguous(format) is a
@@ -68,9 +69,9 @@ Outputs composite(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, c
 }
 
 #ifdef WITH_CUDA
-Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, const at::Tensor& input, const at::Tensor& weight,
-                   const std::optional<at::Tensor>& bias, const at::Tensor& multiplier, double negative_slope,
-                   std::optional<double> negative_slope2) {
+Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, const at::Tensor& input,
+                   const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& multiplier,
+                   double negative_slope, std::optional<double> negative_slope2) {
   const c10::DeviceGuard guard(input.device());
   const auto options = input.options().memory_format(g.format);
   const auto size = g.pooled_size();
@@ -84,7 +85,7 @@ Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, 
   const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
   // The kernel reads the multiplier's 1 or Cout elements in order: a contiguous one is passed as it is (no view
   // to make on every call).
-  const at::Tensor m = multiplier.is_contiguous() ? multiplier : flat_multiplier(multiplier);
+  const at::Tensor m = multiplier.is_contiguous() ? multiplier : post_pool::flat_multiplier(multiplier);
   launch_conv_transpose3d_post_pool_cuda(in_kernel_layout(input, g.format), in_kernel_layout(weight, g.format), b,
                                          m, negative_slope,
                                          negative_slope2.value_or(negative_slope), g.output_padding,
@@ -117,12 +118,14 @@ Outputs forward(bool with_offsets, bool on_cuda, const at::Tensor& input, const 
 }
 
 template <bool kCuda>
-at::Tensor conv_transpose3d_post_pool_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                          at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding,
-                          int64_t groups, at::IntArrayRef dilation, const at::Tensor& multiplier,
-                          double negative_slope, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
-                          at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode,
-                          std::optional<double> negative_slope2) {
+at::Tensor conv_transpose3d_post_pool_forward(const at::Tensor& input, const at::Tensor& weight,
+                                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                              at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
+                                              at::IntArrayRef dilation, const at::Tensor& multiplier,
+                                              double negative_slope, at::IntArrayRef kernel_size,
+                                              at::IntArrayRef pool_stride, at::IntArrayRef pool_padding,
+                                              at::IntArrayRef pool_dilation, bool ceil_mode,
+                                              std::optional<double> negative_slope2) {
   return std::get<0>(forward(false, kCuda, input, weight, bias, stride, padding, output_padding, groups, dilation,
                              multiplier, negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation,
                              ceil_mode, negative_slope2));

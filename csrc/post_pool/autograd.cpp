@@ -22,6 +22,7 @@
 #include <vector>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -255,13 +256,14 @@ Outputs post_pool_bias_backward_autograd(const at::Tensor& grad_output, const at
 }
 
 }  // namespace
+}  // namespace post_pool
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
-  m.impl("post_pool", &fused::post_pool_autograd);
-  m.impl("post_pool_with_offsets", &fused::post_pool_with_offsets_autograd);
-  m.impl("post_pool_backward", &fused::post_pool_backward_autograd);
-  m.impl("post_pool_bias", &fused::post_pool_bias_autograd);
-  m.impl("post_pool_bias_with_offsets", &fused::post_pool_bias_with_offsets_autograd);
-  m.impl("post_pool_bias_backward", &fused::post_pool_bias_backward_autograd);
+  m.impl("post_pool", &fused::post_pool::post_pool_autograd);
+  m.impl("post_pool_with_offsets", &fused::post_pool::post_pool_with_offsets_autograd);
+  m.impl("post_pool_backward", &fused::post_pool::post_pool_backward_autograd);
+  m.impl("post_pool_bias", &fused::post_pool::post_pool_bias_autograd);
+  m.impl("post_pool_bias_with_offsets", &fused::post_pool::post_pool_bias_with_offsets_autograd);
+  m.impl("post_pool_bias_backward", &fused::post_pool::post_pool_bias_backward_autograd);
 }

@@ -16,6 +16,7 @@
 #include <utility>
 
 namespace fused {
+namespace post_pool {
 
 namespace {
 
@@ -262,4 +263,5 @@ ParamGrads reduce_grad_partials(const GradPartials& p, const BackwardInputs& b) 
   return r;
 }
 
+}  // namespace post_pool
 }  // namespace fused

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 namespace fused {
+namespace post_pool {
 
 // What a forward launcher writes: out always; selected and offsets (training forward) when defined. All in the
 // input's layout (ForwardInputs::format), allocated by the entry point, never empty.
@@ -65,4 +66,5 @@ void launch_forward_cuda(const ForwardInputs& f, const ForwardOutputs& o);
 ParamGrads launch_backward_cuda(const BackwardInputs& b, const at::Tensor& grad_input, const BackwardTuning& tuning);
 #endif
 
+}  // namespace post_pool
 }  // namespace fused

@@ -13,6 +13,7 @@
 #include <tuple>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const char* op, bool save, const at::Tensor& input,
@@ -169,15 +170,16 @@ void register_kernels(torch::Library& m) {
 }
 
 }  // namespace
+}  // namespace post_pool
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  fused::register_kernels(m);
+  fused::post_pool::register_kernels(m);
 }
 
 #ifdef WITH_CUDA
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  fused::register_kernels(m);
-  m.impl("_post_pool_backward_tuned", &fused::post_pool_backward_tuned);
+  fused::post_pool::register_kernels(m);
+  m.impl("_post_pool_backward_tuned", &fused::post_pool::post_pool_backward_tuned);
 }
 #endif

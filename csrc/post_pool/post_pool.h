@@ -16,6 +16,7 @@
 #include <limits>
 
 namespace fused {
+namespace post_pool {
 
 // Everything a kernel needs to walk the pool windows. Sizes are int64 so that offsets never overflow.
 struct PoolGeometry {
@@ -369,4 +370,5 @@ C10_HOST_DEVICE inline bool tap_in_bounds(const PoolGeometry& g, int64_t od, int
   return d >= 0 && d < g.D && h >= 0 && h < g.H && w >= 0 && w < g.W;
 }
 
+}  // namespace post_pool
 }  // namespace fused

@@ -14,6 +14,7 @@
 #include <vector>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 constexpr int64_t kGrain = 2048;  // outputs per parallel task: enough to hide the scheduling cost
@@ -499,4 +500,5 @@ ParamGrads launch_backward_cpu(const BackwardInputs& b, const at::Tensor& grad_i
   return reduce_grad_partials(parts, b);
 }
 
+}  // namespace post_pool
 }  // namespace fused

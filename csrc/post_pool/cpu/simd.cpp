@@ -12,6 +12,7 @@
 #endif
 
 namespace fused {
+namespace post_pool {
 namespace simd {
 namespace {
 
@@ -376,4 +377,5 @@ FUSED_CLONES void float_to_bf16(const float* __restrict src, uint16_t* __restric
 }
 
 }  // namespace simd
+}  // namespace post_pool
 }  // namespace fused

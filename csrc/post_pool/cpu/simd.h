@@ -10,6 +10,7 @@
 #include <cstdint>
 
 namespace fused {
+namespace post_pool {
 namespace simd {
 
 // Contiguous NCDHW, 2x2x2 window with stride 2 and no padding: one row of OW outputs from the four input rows
@@ -56,4 +57,5 @@ void bf16_to_float(const uint16_t* src, float* dst, int64_t n);
 void float_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 }  // namespace simd
+}  // namespace post_pool
 }  // namespace fused

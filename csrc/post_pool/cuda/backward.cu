@@ -15,6 +15,7 @@
 #include <cstdint>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 template <typename scalar_t, typename off_t, bool CL, int K>
@@ -153,4 +154,5 @@ ParamGrads launch_backward_cuda(const BackwardInputs& b, const at::Tensor& grad_
   return reduce_grad_partials(parts, b);
 }
 
+}  // namespace post_pool
 }  // namespace fused

@@ -14,6 +14,7 @@
 #include <vector>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 // ---- backward fast path: 2x2x2 windows tiling the whole input ---------------------------------------------
@@ -355,4 +356,5 @@ std::optional<ParamGrads> launch_backward_tiled2_cuda(const BackwardInputs& b, c
   return p;
 }
 
+}  // namespace post_pool
 }  // namespace fused

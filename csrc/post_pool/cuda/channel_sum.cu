@@ -9,6 +9,7 @@
 #include <type_traits>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 // ---- per-channel sum of the fast path's partials ---------------------------------------------------------
@@ -254,4 +255,5 @@ std::pair<at::Tensor, at::Tensor> sum_channel_partials(const ChannelSumPlan& pla
   return {result, result_bias};
 }
 
+}  // namespace post_pool
 }  // namespace fused

@@ -12,6 +12,7 @@
 #include <utility>
 
 namespace fused {
+namespace post_pool {
 
 struct ChannelSumShape {
   int TC, J;                      // channels per block, row lanes per channel (a power of two)
@@ -45,4 +46,5 @@ std::pair<at::Tensor, at::Tensor> sum_channel_partials(const ChannelSumPlan& pla
                                                        at::IntArrayRef sizes, at::IntArrayRef sizes_bias,
                                                        cudaStream_t stream);
 
+}  // namespace post_pool
 }  // namespace fused

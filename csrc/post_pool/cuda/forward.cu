@@ -17,6 +17,7 @@
 #include <type_traits>
 
 namespace fused {
+namespace post_pool {
 namespace {
 
 template <typename scalar_t, typename off_t, bool CL, int K, bool SAVE>
@@ -352,4 +353,5 @@ void launch_forward_cuda(const ForwardInputs& f, const ForwardOutputs& o) {
   });
 }
 
+}  // namespace post_pool
 }  // namespace fused

@@ -14,6 +14,7 @@
 #include <utility>
 
 namespace fused {
+namespace post_pool {
 
 constexpr int kThreads = 256;
 
@@ -109,4 +110,5 @@ inline bool tiles_2x2x2(const PoolGeometry& g) {
          g.W == 2 * g.OW;
 }
 
+}  // namespace post_pool
 }  // namespace fused
