@@ -92,22 +92,25 @@ bool ran_fused_kernel(const at::Tensor& input, const at::Tensor& weight, const A
 }
 
 // The autograd graph node. Works on symbolic sizes too (AOTAutograd traces it with fake tensors): nothing here
-// reads a concrete size; shapes are recomputed in backward from the saved input and weight.
+// reads a concrete size; shapes are recomputed in backward from the saved input and weight. Its one output is
+// `out`: selected and offsets, which are not differentiable, leave forward through `outputs` instead of being
+// marked non-differentiable, because compiled autograd rejects C++ nodes that used mark_non_differentiable.
 struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunction> {
+  // Backward reads only its saved tensors and saved_data and calls ops that have fake impls, so compiled
+  // autograd may trace it into its graph.
+  static constexpr bool is_traceable = true;
+
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                               const std::optional<at::Tensor>& bias, const at::Tensor& multiplier, const Args& a) {
-    at::Tensor out, selected, offsets;
+                               const std::optional<at::Tensor>& bias, const at::Tensor& multiplier, const Args& a,
+                               Outputs* outputs) {
     {
       // The kernel below runs every check before anything is saved.
       const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
-      std::tie(out, selected, offsets) =
-          training_op().call(input, weight, bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation,
-                             multiplier, a.negative_slope, a.kernel_size, a.pool_stride, a.pool_padding,
-                             a.pool_dilation, a.ceil_mode, a.negative_slope2);
+      *outputs = training_op().call(input, weight, bias, a.stride, a.padding, a.output_padding, a.groups, a.dilation,
+                                    multiplier, a.negative_slope, a.kernel_size, a.pool_stride, a.pool_padding,
+                                    a.pool_dilation, a.ceil_mode, a.negative_slope2);
     }
-    ctx->mark_non_differentiable({selected, offsets});
-    // Gradients of selected and offsets are never used: no zeros need to be made for them.
-    ctx->set_materialize_grads(false);
+    const auto& [out, selected, offsets] = *outputs;
     ctx->save_for_backward({input, weight, multiplier, selected, offsets});
     const bool has_bias = bias.has_value() && bias->defined();
     auto& d = ctx->saved_data;
@@ -127,7 +130,7 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     // gradient takes the same one.
     d["channels_last"] = !out.is_contiguous();
     d["fused"] = ran_fused_kernel(input, weight, a);
-    return {out, selected, offsets};
+    return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -141,8 +144,8 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
     const bool need_weight = ctx->needs_input_grad(1);
     const bool need_bias = has_bias && ctx->needs_input_grad(2);
     const bool need_multiplier = ctx->needs_input_grad(has_bias ? 3 : 2);
-    // One entry per forward argument: input, weight, bias, multiplier, Args.
-    variable_list result(5);
+    // One entry per forward argument: input, weight, bias, multiplier, Args, outputs.
+    variable_list result(6);
     const at::Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return result;
 
@@ -239,8 +242,9 @@ Outputs conv_transpose3d_post_pool_with_offsets_autograd(const at::Tensor& input
   if (needs_grad(input, weight, bias, multiplier)) {
     const Args a{stride,       padding,     output_padding, groups,        dilation,  negative_slope,
                  kernel_size,  pool_stride, pool_padding,   pool_dilation, ceil_mode, negative_slope2};
-    auto outs = ConvPostPoolFunction::apply(input, weight, bias, multiplier, a);
-    return {outs[0], outs[1], outs[2]};
+    Outputs outputs;
+    auto out = ConvPostPoolFunction::apply(input, weight, bias, multiplier, a, &outputs);
+    return {out[0], std::get<1>(outputs), std::get<2>(outputs)};
   }
   const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
   return training_op().call(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier,
