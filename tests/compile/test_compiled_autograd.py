@@ -24,7 +24,9 @@ def loss(x, w, b, m):
                                                    kernel_size=2)
     z = torch_fused_ops.post_pool(F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1), m, 0.3,
                                   kernel_size=2)
-    return (y * y).sum() + (z * 1.5).sum()
+    # No Python-float factor: torch 2.11's Inductor, compiling compiled autograd's backward on CUDA, passed the float
+    # a `z * 1.5` saves to `.item()` (aten._local_scalar_dense on a float), which is not about our ops.
+    return (y * y).sum() + (z * z).sum()
 
 
 def step(x, w, b, m):
