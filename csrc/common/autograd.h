@@ -1,15 +1,18 @@
-// What the ops' Autograd kernels share: typed handles to ops by name, graph nodes on any torch version, and
-// gradients that raise when differentiated again.
+// What the ops' Autograd kernels share: typed handles to ops by name, whether a call needs a gradient, graph nodes
+// on any torch version, and the Autograd kernel of an op whose results raise when differentiated (a backward op).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -19,6 +22,15 @@ namespace fused {
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+// Whether autograd records a call with these tensor arguments (null or undefined ones are absent optionals).
+inline bool needs_grad(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts) {
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
 }
 
 // Graph nodes are held by std::shared_ptr on older torch and by c10::intrusive_ptr on newer.
@@ -47,5 +59,41 @@ inline void raise_on_double_backward(std::string message, const torch::autograd:
     if (g.defined()) torch::autograd::set_history(g, node);
   }
 }
+
+// The Autograd kernel of op `kName`, whose results are gradients of `kFamily`'s op and not differentiable
+// themselves: the op runs below autograd, then its results raise "<kName>: double backward is not supported" when
+// differentiated, their node's edges leading to the op's tensor arguments. Register `&call`.
+template <const char* kName, const char* kFamily, typename Sig>
+struct NotDifferentiable;
+
+template <const char* kName, const char* kFamily, typename R, typename... A>
+struct NotDifferentiable<kName, kFamily, R(A...)> {
+  static R call(A... args) {
+    static const auto op = op_handle<R(A...)>(kName);
+    R result;
+    {
+      const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+      result = op.call(args...);
+    }
+    torch::autograd::variable_list inputs;
+    (add_tensor(inputs, args), ...);
+    torch::autograd::variable_list outputs;
+    if constexpr (std::is_same_v<R, at::Tensor>) {
+      outputs.push_back(result);
+    } else {
+      std::apply([&](const auto&... r) { (outputs.push_back(r), ...); }, result);
+    }
+    raise_on_double_backward(std::string(kName) + ": double backward is not supported (gradients of " + kFamily +
+                                 "'s gradients)",
+                             inputs, outputs);
+    return result;
+  }
+
+ private:
+  template <typename T>
+  static void add_tensor(torch::autograd::variable_list& list, const T& arg) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) list.push_back(arg);
+  }
+};
 
 }  // namespace fused

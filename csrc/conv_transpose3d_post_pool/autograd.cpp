@@ -46,6 +46,13 @@ using GradConvSig = Outputs(const at::Tensor&, const at::Tensor&, const at::Tens
                             std::optional<double>);
 using GradFromConvSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef);
 
+// The pooled-resolution backward ops. They are not differentiable: their Autograd kernels (registered below, from
+// common/autograd.h) make their gradients raise when differentiated again.
+constexpr char kFamily[] = "fused.conv_transpose3d_post_pool";
+constexpr char kGradConv[] = "fused::_conv_transpose3d_post_pool_grad_conv";
+constexpr char kGradWeight[] = "fused::_conv_transpose3d_post_pool_grad_weight";
+constexpr char kGradInput[] = "fused::_conv_transpose3d_post_pool_grad_input";
+
 const c10::TypedOperatorHandle<TrainingSig>& training_op() {
   static const auto h = op_handle<TrainingSig>("fused::conv_transpose3d_post_pool_with_offsets");
   return h;
@@ -200,9 +207,9 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
                               double slope, std::optional<double> slope2, at::IntArrayRef output_padding,
                               bool need_input, bool need_weight, bool need_bias, bool need_multiplier,
                               variable_list& result) {
-    static const auto grad_conv_op = op_handle<GradConvSig>("fused::_conv_transpose3d_post_pool_grad_conv");
-    static const auto grad_weight_op = op_handle<GradFromConvSig>("fused::_conv_transpose3d_post_pool_grad_weight");
-    static const auto grad_input_op = op_handle<GradFromConvSig>("fused::_conv_transpose3d_post_pool_grad_input");
+    static const auto grad_conv_op = op_handle<GradConvSig>(kGradConv);
+    static const auto grad_weight_op = op_handle<GradFromConvSig>(kGradWeight);
+    static const auto grad_input_op = op_handle<GradFromConvSig>(kGradInput);
     const at::NoGradGuard no_grad;
     const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
     auto [grad_conv, grad_bias, grad_multiplier] =
@@ -224,13 +231,6 @@ struct ConvPostPoolFunction : public torch::autograd::Function<ConvPostPoolFunct
   }
 };
 
-bool needs_grad(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                const at::Tensor& multiplier) {
-  if (!at::GradMode::is_enabled()) return false;
-  const auto wants = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
-  return wants(input) || wants(weight) || (bias.has_value() && wants(*bias)) || wants(multiplier);
-}
-
 Outputs conv_transpose3d_post_pool_with_offsets_autograd(const at::Tensor& input, const at::Tensor& weight,
                                                          const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                                          at::IntArrayRef padding, at::IntArrayRef output_padding,
@@ -239,7 +239,7 @@ Outputs conv_transpose3d_post_pool_with_offsets_autograd(const at::Tensor& input
                                                          at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
                                                          at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation,
                                                          bool ceil_mode, std::optional<double> negative_slope2) {
-  if (needs_grad(input, weight, bias, multiplier)) {
+  if (needs_grad({&input, &weight, bias.has_value() ? &*bias : nullptr, &multiplier})) {
     const Args a{stride,       padding,     output_padding, groups,        dilation,  negative_slope,
                  kernel_size,  pool_stride, pool_padding,   pool_dilation, ceil_mode, negative_slope2};
     Outputs outputs;
@@ -261,7 +261,7 @@ at::Tensor conv_transpose3d_post_pool_autograd(const at::Tensor& input, const at
                                    at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
                                    at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode,
                                    std::optional<double> negative_slope2) {
-  if (needs_grad(input, weight, bias, multiplier)) {
+  if (needs_grad({&input, &weight, bias.has_value() ? &*bias : nullptr, &multiplier})) {
     return std::get<0>(training_op().call(input, weight, bias, stride, padding, output_padding, groups, dilation,
                                           multiplier, negative_slope, kernel_size, pool_stride, pool_padding,
                                           pool_dilation, ceil_mode, negative_slope2));
@@ -273,52 +273,16 @@ at::Tensor conv_transpose3d_post_pool_autograd(const at::Tensor& input, const at
                         negative_slope2);
 }
 
-// The backward ops at pooled resolution are not differentiable: computed below autograd, their results raise when
-// differentiated (without this a graph built through them would treat them as constants: zero second derivatives
-// in silence).
-std::string backward_op_message(const char* op) {
-  return std::string(op) + ": double backward is not supported (gradients of fused.conv_transpose3d_post_pool's "
-                           "gradients)";
-}
-
-Outputs grad_conv_autograd(const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-                           const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2) {
-  static constexpr const char* kName = "fused::_conv_transpose3d_post_pool_grad_conv";
-  static const auto op = op_handle<GradConvSig>(kName);
-  Outputs r;
-  {
-    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
-    r = op.call(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2);
-  }
-  raise_on_double_backward(backward_op_message(kName), {grad_output, selected, offsets, multiplier},
-                           {std::get<0>(r), std::get<1>(r), std::get<2>(r)});
-  return r;
-}
-
-// _grad_weight and _grad_input: one signature, told apart by the op's name.
-template <const char* kName>
-at::Tensor grad_from_conv_autograd(const at::Tensor& grad_conv, const at::Tensor& offsets, const at::Tensor& other,
-                                   at::IntArrayRef output_padding) {
-  static const auto op = op_handle<GradFromConvSig>(kName);
-  at::Tensor r;
-  {
-    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
-    r = op.call(grad_conv, offsets, other, output_padding);
-  }
-  raise_on_double_backward(backward_op_message(kName), {grad_conv, offsets, other}, {r});
-  return r;
-}
-
-constexpr char kGradWeightName[] = "fused::_conv_transpose3d_post_pool_grad_weight";
-constexpr char kGradInputName[] = "fused::_conv_transpose3d_post_pool_grad_input";
-
 }  // namespace
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool_autograd);
   m.impl("conv_transpose3d_post_pool_with_offsets", &fused::conv_transpose3d_post_pool_with_offsets_autograd);
-  m.impl("_conv_transpose3d_post_pool_grad_conv", &fused::grad_conv_autograd);
-  m.impl("_conv_transpose3d_post_pool_grad_weight", &fused::grad_from_conv_autograd<fused::kGradWeightName>);
-  m.impl("_conv_transpose3d_post_pool_grad_input", &fused::grad_from_conv_autograd<fused::kGradInputName>);
+  m.impl("_conv_transpose3d_post_pool_grad_conv",
+         &fused::NotDifferentiable<fused::kGradConv, fused::kFamily, fused::GradConvSig>::call);
+  m.impl("_conv_transpose3d_post_pool_grad_weight",
+         &fused::NotDifferentiable<fused::kGradWeight, fused::kFamily, fused::GradFromConvSig>::call);
+  m.impl("_conv_transpose3d_post_pool_grad_input",
+         &fused::NotDifferentiable<fused::kGradInput, fused::kFamily, fused::GradFromConvSig>::call);
 }

@@ -43,6 +43,12 @@ using BiasBackwardSig = Outputs(const at::Tensor&, const at::Tensor&, const at::
                                 const at::Tensor&, double, std::optional<double>, c10::SymIntArrayRef,
                                 at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool);
 
+// The backward ops. They are not differentiable: their Autograd kernels (registered below, from common/autograd.h)
+// make their gradients raise when differentiated again.
+constexpr char kFamily[] = "fused.post_pool";
+constexpr char kBackward[] = "fused::post_pool_backward";
+constexpr char kBiasBackward[] = "fused::post_pool_bias_backward";
+
 // The training forwards' non-tensor arguments, as the dispatcher passed them (views valid for the call).
 struct Args {
   double negative_slope;
@@ -50,14 +56,6 @@ struct Args {
   bool ceil_mode;
   std::optional<double> negative_slope2;
 };
-
-bool needs_grad(std::initializer_list<const at::Tensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : ts) {
-    if (t != nullptr && t->defined() && t->requires_grad()) return true;
-  }
-  return false;
-}
 
 // post_pool_bias_with_offsets with a bias, else post_pool_with_offsets; below autograd.
 Outputs training_forward(const at::Tensor& input, const std::optional<at::Tensor>& bias,
@@ -141,7 +139,7 @@ struct PostPoolFunction : public torch::autograd::Function<PostPoolFunction> {
   // Called through the dispatcher with autograd: under create_graph=True the backward op's own Autograd kernel
   // makes its gradients raise when differentiated again.
   static Outputs plain_backward(AutogradContext* ctx, const at::Tensor& grad_out, const variable_list& saved) {
-    static const auto op = op_handle<BackwardSig>("fused::post_pool_backward");
+    static const auto op = op_handle<BackwardSig>(kBackward);
     const BackwardArgs s = backward_args(ctx);
     auto [grad_input, grad_multiplier] =
         op.call(grad_out, saved[0], saved[1], saved[2], s.slope, s.slope2, s.input_size, s.kernel_size, s.stride,
@@ -150,7 +148,7 @@ struct PostPoolFunction : public torch::autograd::Function<PostPoolFunction> {
   }
 
   static Outputs bias_backward(AutogradContext* ctx, const at::Tensor& grad_out, const variable_list& saved) {
-    static const auto op = op_handle<BiasBackwardSig>("fused::post_pool_bias_backward");
+    static const auto op = op_handle<BiasBackwardSig>(kBiasBackward);
     const BackwardArgs s = backward_args(ctx);
     return op.call(grad_out, saved[0], saved[1], saved[3], saved[2], s.slope, s.slope2, s.input_size, s.kernel_size,
                    s.stride, s.padding, s.dilation, s.channels_last);
@@ -214,56 +212,17 @@ at::Tensor post_pool_bias_autograd(const at::Tensor& input, const at::Tensor& bi
                         negative_slope2);
 }
 
-std::string double_backward_message(const char* op) {
-  return std::string(op) + ": double backward is not supported (gradients of fused.post_pool's gradients)";
-}
-
-// The backward ops are not differentiable: computed below autograd, their gradients get a node that raises.
-std::tuple<at::Tensor, at::Tensor> post_pool_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& offsets,
-    const at::Tensor& multiplier, double negative_slope, std::optional<double> negative_slope2,
-    c10::SymIntArrayRef input_size, at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool channels_last) {
-  static const auto op = op_handle<BackwardSig>("fused::post_pool_backward");
-  std::tuple<at::Tensor, at::Tensor> r;
-  {
-    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
-    r = op.call(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2, input_size, kernel_size,
-                stride, padding, dilation, channels_last);
-  }
-  raise_on_double_backward(double_backward_message("fused::post_pool_backward"),
-                           {grad_output, selected, offsets, multiplier}, {std::get<0>(r), std::get<1>(r)});
-  return r;
-}
-
-Outputs post_pool_bias_backward_autograd(const at::Tensor& grad_output, const at::Tensor& selected,
-                                         const at::Tensor& offsets, const at::Tensor& bias,
-                                         const at::Tensor& multiplier, double negative_slope,
-                                         std::optional<double> negative_slope2, c10::SymIntArrayRef input_size,
-                                         at::IntArrayRef kernel_size, at::IntArrayRef stride,
-                                         at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
-  static const auto op = op_handle<BiasBackwardSig>("fused::post_pool_bias_backward");
-  Outputs r;
-  {
-    const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
-    r = op.call(grad_output, selected, offsets, bias, multiplier, negative_slope, negative_slope2, input_size,
-                kernel_size, stride, padding, dilation, channels_last);
-  }
-  raise_on_double_backward(double_backward_message("fused::post_pool_bias_backward"),
-                           {grad_output, selected, offsets, bias, multiplier},
-                           {std::get<0>(r), std::get<1>(r), std::get<2>(r)});
-  return r;
-}
-
 }  // namespace
 }  // namespace post_pool
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
-  m.impl("post_pool", &fused::post_pool::post_pool_autograd);
-  m.impl("post_pool_with_offsets", &fused::post_pool::post_pool_with_offsets_autograd);
-  m.impl("post_pool_backward", &fused::post_pool::post_pool_backward_autograd);
-  m.impl("post_pool_bias", &fused::post_pool::post_pool_bias_autograd);
-  m.impl("post_pool_bias_with_offsets", &fused::post_pool::post_pool_bias_with_offsets_autograd);
-  m.impl("post_pool_bias_backward", &fused::post_pool::post_pool_bias_backward_autograd);
+  namespace pp = fused::post_pool;
+  m.impl("post_pool", &pp::post_pool_autograd);
+  m.impl("post_pool_with_offsets", &pp::post_pool_with_offsets_autograd);
+  m.impl("post_pool_backward", &fused::NotDifferentiable<pp::kBackward, pp::kFamily, pp::BackwardSig>::call);
+  m.impl("post_pool_bias", &pp::post_pool_bias_autograd);
+  m.impl("post_pool_bias_with_offsets", &pp::post_pool_bias_with_offsets_autograd);
+  m.impl("post_pool_bias_backward",
+         &fused::NotDifferentiable<pp::kBiasBackward, pp::kFamily, pp::BiasBackwardSig>::call);
 }
