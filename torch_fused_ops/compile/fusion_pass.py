@@ -92,6 +92,12 @@ def recording() -> Iterator[Recording]:
         _recordings.remove(rec)
 
 
+def _listening() -> bool:
+    """Whether a decision goes anywhere: reasons and source locations are built only then (every compilation runs
+    the pass)."""
+    return bool(_recordings) or log.isEnabledFor(logging.DEBUG)
+
+
 def _report(decision: Decision) -> None:
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s", decision)
@@ -119,6 +125,8 @@ def _where(node: Node) -> str:
 
 def _refuse(node: Node, what: str, reasons: Any, chain: Node) -> None:
     """Reports a step, or the chain ending at `chain`, left in the graph; returns None (what the caller does)."""
+    if not _listening():
+        return
     reasons = (reasons,) if isinstance(reasons, str) else tuple(reasons)
     _report(Decision("refused", node.name, what, reasons, chain.name, where=_where(node)))
 
@@ -509,7 +517,7 @@ def rewrite(graph: Graph, config: pass_config.PassConfig | None = None) -> int:
         if match is None:
             continue
         anchor = match.anchor
-        where = _where(anchor)
+        where = _where(anchor) if _listening() else ""
         with graph.inserting_before(anchor):
             fused = _emit(graph, match)
         for key in ("val", "example_value", "tensor_meta", "stack_trace", "nn_module_stack"):
@@ -526,6 +534,8 @@ def rewrite(graph: Graph, config: pass_config.PassConfig | None = None) -> int:
 
 def _report_fused(match: Match, fused: Node, where: str) -> None:
     """Reports the route `match` took and the fused call it became."""
+    if not _listening():
+        return
     op = _OP_NAMES[fused.target]
     route = "fused convolution" if match.conv else "bias folded" if match.bias is not None else "post_pool"
     _report(Decision("route", fused.name, route, match.route, match.anchor.name))

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
+from ..ops.common import dtype_name as _dtype
 from ..ops.common import expand3
+from ..ops.common import known_true as _known
 
 aten = torch.ops.aten
 
@@ -74,16 +76,6 @@ def _val(x: Any) -> Any:
     if isinstance(x, Node):
         return x.meta.get("val", x.meta.get("example_value"))
     return x
-
-
-def _known(expr: Any) -> bool:
-    """True only when `expr` holds for every value the compiled graph can see (no new guards)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(expr))
-    except Exception:  # pragma: no cover - very old torch
-        return bool(expr) if isinstance(expr, bool) else False
 
 
 def _single_user(node: Any) -> bool:
@@ -191,10 +183,6 @@ def _slope(v: Any) -> Any:
     if isinstance(v, Node) and isinstance(_val(v), (float, torch.SymFloat)):
         return v
     return None
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def _input_problem(x: Any, out: Any) -> str | None:

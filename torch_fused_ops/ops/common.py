@@ -1,4 +1,5 @@
-"""Argument checks and output geometry for the fake (meta) impls.
+"""Argument checks and output geometry for the fake (meta) impls, and the symbolic-size helpers the coverage check
+and the pass share.
 
 Mirrors csrc/post_pool/checks.cpp (the checks the real kernels run) so that tracing under torch.compile or
 torch.export raises the same exception types with the same wording as eager calls. Works on symbolic sizes.
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch._prims_common import suggest_memory_format
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 IntOr3 = int | Sequence[int]
 
@@ -150,3 +153,19 @@ def check_bias(op: str, bias: torch.Tensor, C, dtype: torch.dtype, device: torch
         raise ValueError(f"{op}: bias must be on the input's device, got bias on {bias.device} and input on {device}")
     if bias.dim() != 1 or bias.shape[0] != C:
         raise ValueError(f"{op}: bias must be 1-D with C={C} elements, got shape {list(bias.shape)}")
+
+
+def known_true(expr: Any) -> bool:
+    """True only when `expr` holds for every value a compiled graph can see: a plain bool, or a symbolic comparison
+    the shape environment proves without adding a guard."""
+    if isinstance(expr, bool):
+        return expr
+    try:
+        return bool(statically_known_true(expr))
+    except Exception:  # a comparison the shape environment cannot evaluate: not proven
+        return False
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    """A tensor's dtype as reasons and messages write it: "float32"."""
+    return str(t.dtype).removeprefix("torch.")

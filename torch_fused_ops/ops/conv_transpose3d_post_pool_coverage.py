@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from .common import dtype_name as _dtype
+from .common import known_true as _known
+
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -63,19 +66,6 @@ class Reason(str):
         return Reason, (self.kind, str(self))
 
 
-def _known(expr: Any) -> bool:
-    """True only when `expr` holds for every value a compiled graph can see (a plain bool, or a symbolic
-    comparison the shape environment proves without a new guard)."""
-    if isinstance(expr, bool):
-        return expr
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(expr))
-    except Exception:
-        return False
-
-
 def _unproven(fails: Any) -> str:
     """'' when a failed check is certain (`fails` proven); else the wording for a size not provable either way."""
     return "" if _known(fails) else ", which cannot be proven without a guard"
@@ -97,10 +87,6 @@ def _shown(v: Any) -> str:
     """An argument as a reason names it: three ints where it reads as such, else its repr and why not."""
     three = _ints3(v)
     return str(three) if three is not None else f"{v!r} (not an int or 1 or 3 ints)"
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def unsupported_reasons(input: Any, weight: Any, stride: Any, padding: Any, output_padding: Any, groups: Any,
