@@ -349,7 +349,7 @@ def main():
         report["accuracy"] = accuracy_table(ext)
     if a.time:
         report["timing"] = time_all(ext, tuple(int(v) for v in a.mts.split(",")))
-    with open(os.path.join(a.out, "conv_post_pool_kernel.json"), "w") as f:
+    with open(os.path.join(a.out, "forward_kernel.json"), "w") as f:
         json.dump(report, f, indent=1)
     if "accuracy" in report:
         print("\nprec  rel_l2 ours / ours train / cuDNN   offsets agree (train, vs float64)")

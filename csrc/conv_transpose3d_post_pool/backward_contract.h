@@ -8,7 +8,8 @@
 //
 // Shapes: pooled tensors [N, Cout, PD, PH, PW]; input [N, Cin, D, H, W] with P* = D* - 1 + output_padding[*];
 // weight [Cin, Cout, 3, 3, 3] (convolution kernel 3, stride 2, padding 1, dilation 1, groups 1, the 2x2x2 pool of
-// fused_kernel_applies). Window offset = (jd * 2 + jh) * 2 + jw: the conv output at (2 qd + jd, 2 qh + jh, 2 qw + jw).
+// fused_kernel_unsupported_reason). Window offset = (jd * 2 + jh) * 2 + jw: the conv output at
+// (2 qd + jd, 2 qh + jh, 2 qw + jw).
 // Preconditions (the caller checks; the launchers only TORCH_INTERNAL_ASSERT): every tensor on the current CUDA
 // device (the caller holds the device guard); one dtype (float32, bfloat16 or float16) for every floating tensor;
 // offsets uint8. Each launcher runs on the current stream, never synchronises with the device, and returns at once

@@ -114,7 +114,8 @@ ConvTranspose3dPostPoolGeometry check_conv_transpose3d_post_pool_args(
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
     at::IntArrayRef dilation, const at::Tensor& multiplier, at::IntArrayRef kernel_size, at::IntArrayRef pool_stride,
     at::IntArrayRef pool_padding, at::IntArrayRef pool_dilation, bool ceil_mode) {
-  // Same order as conv_ops._conv_geometry / _output_meta, so a call with several problems reports the same one.
+  // Same order as the fake impl's _conv_geometry / _output_meta (ops/conv_transpose3d_post_pool.py), so a call with
+  // several problems reports the same one.
   check_defined(op, "input", input);
   check_defined(op, "weight", weight);
   check_defined(op, "multiplier", multiplier);

@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
-from torch_fused_ops.ops import common as _geometry
+from torch_fused_ops.ops import common
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import fused_kernel_applies
 from conv_testing import (CONFIGS, COVERAGE_DEFAULTS, FUSED_CONFIGS, OPS, config_args, coverage_tensors, make_tensors,
                           ran_aten_convolution, reference_config, requires_cuda, symbolic_sizes)
@@ -79,9 +79,9 @@ def test_each_deviation_is_refused_without_raising(change):
 @pytest.mark.parametrize("ceil", [False, True])
 def test_size_rule_matches_the_pool_formula(d, op, ceil):
     # fused_kernel_applies states "pooled size == D - 1 + output_padding" without D (so that symbolic sizes need
-    # no guard); here against max_pool3d's formula (_geometry.pooled_size) on the convolution's output size.
+    # no guard); here against max_pool3d's formula (common.pooled_size) on the convolution's output size.
     conv = (d - 1) * 2 - 2 + 3 + op
-    pooled = _geometry.pooled_size(conv, 2, 2, 0, 1, ceil)
+    pooled = common.pooled_size(conv, 2, 2, 0, 1, ceil)
     if pooled < 1:
         return  # the op rejects the call (output too small) before any kernel choice
     x, w = coverage_tensors(dhw=(d, 2, 3))
@@ -163,7 +163,7 @@ def test_the_op_takes_the_fused_kernel_exactly_where_it_applies(device, label, c
     a = {**COVERAGE_DEFAULTS, **changes}
     for key in ("stride", "padding", "output_padding", "dilation", "kernel_size", "pool_stride", "pool_padding",
                 "pool_dilation"):
-        a[key] = _geometry.expand3(key, a[key])
+        a[key] = common.expand3(key, a[key])
     want = fused_kernel_applies(x, w, **a)
     assert want == (device == "cuda" and label in ("kb", "kb-bf16-cl", "kb-fp16-op0", "mixed-op", "ceil-op1",
                                                    "empty-batch"))
