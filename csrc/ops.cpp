@@ -1,17 +1,8 @@
-// Schemas of every operator in the `fused` namespace, and the Python module stub that lets
-// `import torch_fused_ops._C` load this library (which runs the registrations below).
+// Schemas of every operator in the `fused` namespace (the Python module that loads this library is
+// python_module.cpp).
 #include "common/cpu_huge_pages.h"
 
-#include <Python.h>
 #include <torch/library.h>
-
-extern "C" {
-// A module with no methods: importing it is only a way to dlopen the library from Python.
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
-}
 
 TORCH_LIBRARY(fused, m) {
   // max_pool3d(leaky_relu(leaky_relu(input, s1) * multiplier, s2)) in one pass; s2 defaults to s1.

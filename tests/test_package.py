@@ -16,7 +16,7 @@ from torch_fused_ops import envs
 PKG = os.path.dirname(torch_fused_ops.__file__)
 TOOLS = "torch_fused_ops.tools"
 # Entry points that use the public package (python -m torch_fused_ops.tools.<name>): not library modules.
-ENTRY_POINTS = {"tools/bench.py", "tools/bench_conv.py", "tools/bench_train.py", "tools/demo.py"}
+ENTRY_POINTS = {"tools/bench.py", "tools/bench_conv.py", "tools/bench_train.py", "tools/bench_loop.py", "tools/demo.py"}
 
 
 def _modules():

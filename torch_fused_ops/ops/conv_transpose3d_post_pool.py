@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .. import _C
 from . import common
 
 try:
@@ -24,6 +25,8 @@ IntOr3 = int | Sequence[int]
 _OP = "fused::conv_transpose3d_post_pool"
 # The overload itself: calling it skips the packet's overload resolution on every call.
 _CONV_OP = torch.ops.fused.conv_transpose3d_post_pool.default
+_TYPED_CONV = _C.conv_transpose3d_post_pool
+_has_torch_function = torch._C._has_torch_function_variadic
 
 
 def conv_transpose3d_post_pool(
@@ -56,7 +59,7 @@ def conv_transpose3d_post_pool(
     # A plain int expands inline (expand3's own first case, without a call per argument); anything else goes
     # through expand3, which validates it.
     e3 = common.expand3
-    return _CONV_OP(
+    args = (
         input, weight, bias,
         [stride] * 3 if type(stride) is int else e3("stride", stride),
         [padding] * 3 if type(padding) is int else e3("padding", padding),
@@ -72,6 +75,11 @@ def conv_transpose3d_post_pool(
         bool(ceil_mode),
         None if negative_slope2 is None else float(negative_slope2),
     )
+    # Outside Dynamo's tracing and without a __torch_function__ override, the typed entry point: the same operator
+    # through the dispatcher, without torch.ops' per-call schema parsing (csrc/python_module.cpp).
+    if torch.compiler.is_compiling() or _has_torch_function(input, weight, bias, multiplier):
+        return _CONV_OP(*args)
+    return _TYPED_CONV(*args)
 
 
 # ---- shared argument handling -----------------------------------------------------------------------------

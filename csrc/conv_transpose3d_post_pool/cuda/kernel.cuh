@@ -18,6 +18,7 @@
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/stage.cuh"
+#include "common/cuda_device.h"
 #include "common/epilogue.h"
 
 #include <c10/cuda/CUDAException.h>
@@ -432,11 +433,11 @@ template <Mode M, int MT, bool TRAIN, int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
   const size_t smem = kKernelSmem<M, MT, KS>;
   auto kernel = conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS>;
-  // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Above 48 KB a block needs the opt-in, given once per device.
+  static DynamicSmemLimit smem_limit;
+  const int device = current_cuda_device();
+  smem_limit.raise_to(reinterpret_cast<const void*>(kernel), smem, device);
+  const int sms = multiprocessor_count(device);
   const int64_t n_chunks_n = (p.Cout + kBlockN - 1) / kBlockN;
   const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, MT, TRAIN, KS>(smem)) * sms;
   int64_t bx = (resident + n_chunks_n - 1) / n_chunks_n;

@@ -3,6 +3,7 @@
 #include "conv_transpose3d_post_pool/contract.h"
 
 #include "conv_transpose3d_post_pool/cuda/params.cuh"
+#include "common/cuda_device.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
@@ -68,11 +69,7 @@ int chunk_words_for(at::ScalarType dtype, int64_t Cin, int64_t* padded_words = n
   return padded <= 16 ? static_cast<int>(padded) : kMaxChunkWords;
 }
 
-int smem_optin_of(int device) {
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return smem_optin;
-}
+int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(device)); }
 
 }  // namespace
 }  // namespace conv_transpose3d_post_pool
@@ -158,9 +155,8 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   // Two row tiles per warp (256 positions a block) when that still gives every multiprocessor two tiles (faster for
   // every precision at the KernelBench size: benchmarks/conv_transpose3d_post_pool/forward_kernel.py --mts 1,2);
   // small problems take 128-position blocks to spread over more multiprocessors.
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int device = current_cuda_device();
+  const int sms = multiprocessor_count(device);
   const int64_t positions = N * PD * PH * PW;
   int mt = positions >= int64_t(2) * TileShape<2>::kPositions * sms ? 2 : 1;
   if (mt_override() == 1 || mt_override() == 2) mt = mt_override();

@@ -2,6 +2,7 @@
 // launches, and the packed loads/stores of the 2x2x2 fast paths.
 #pragma once
 
+#include "common/cuda_device.h"
 #include "post_pool/post_pool.h"
 
 #include <c10/cuda/CUDAException.h>
@@ -20,9 +21,7 @@ constexpr int kThreads = 256;
 
 // Enough blocks to fill the GPU several times over; the grid-stride loops cover the rest.
 inline int64_t num_blocks(int64_t work) {
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessor_count(current_cuda_device());
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   return std::max<int64_t>(1, std::min<int64_t>(wanted, static_cast<int64_t>(sms) * 32));
 }
@@ -49,19 +48,7 @@ __device__ __forceinline__ void allow_dependent_launch() {
 }
 
 // Whether the current device can launch dependently (compute capability 9.0 or later).
-inline bool dependent_launch_supported() {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  // Compute capability major per device ordinal, 0 = not yet asked (atomic: calls may come from several threads).
-  static std::atomic<int> major[64];
-  if (device < 0 || device >= 64) return false;
-  int cc = major[device].load(std::memory_order_relaxed);
-  if (cc == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device));
-    major[device].store(cc, std::memory_order_relaxed);
-  }
-  return cc >= 9;
-}
+inline bool dependent_launch_supported() { return compute_capability_major(current_cuda_device()) >= 9; }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `dependent`
 // and the device supports it. Only kernels that call wait_for_prior_grid() before their first global memory

@@ -313,11 +313,11 @@ template <int KS>
 void launch_one(const Params& p, cudaStream_t stream) {
   const size_t smem = smem_bytes<KS>();
   auto kernel = grad_input_kernel<KS>;
-  // Above 48 KB a block needs the opt-in (per device, so set on every launch; it does not synchronise).
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Above 48 KB a block needs the opt-in, given once per device.
+  static DynamicSmemLimit smem_limit;
+  const int device = current_cuda_device();
+  smem_limit.raise_to(reinterpret_cast<const void*>(kernel), smem, device);
+  const int sms = multiprocessor_count(device);
   const int64_t grid_y = (p.Cin + kBlockN - 1) / kBlockN;
   TORCH_CHECK(grid_y <= 65535,
               "conv_transpose3d_post_pool grad_input: too many input channels for one launch: ", p.Cin);

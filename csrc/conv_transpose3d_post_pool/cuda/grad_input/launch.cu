@@ -53,9 +53,7 @@ bool conv_transpose3d_post_pool_grad_input_cuda_fits(at::ScalarType dtype, int64
   const size_t need = dtype == at::kFloat     ? std::max(tf32_smem_bytes(cw), strict)
                       : dtype == at::kBFloat16 ? smem_words<Mode::kBF16>(cw) * sizeof(uint32_t)
                                                : smem_words<Mode::kFP16>(cw) * sizeof(uint32_t);
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return need <= static_cast<size_t>(smem_optin);
+  return need <= shared_memory_optin(device);
 }
 
 void launch_conv_transpose3d_post_pool_grad_input_cuda(const at::Tensor& grad_conv, const at::Tensor& offsets,

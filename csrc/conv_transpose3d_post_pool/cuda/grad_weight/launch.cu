@@ -3,6 +3,7 @@
 #include "conv_transpose3d_post_pool/backward_contract.h"
 
 #include "conv_transpose3d_post_pool/cuda/grad_weight/kernel.cuh"
+#include "common/cuda_device.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -36,15 +37,14 @@ template <Mode M>
 void launch(WeightGradParams& p, int ci_tiles, int co_tiles, const at::Tensor& grad_weight, cudaStream_t stream) {
   using io_t = typename ModeTraits<M>::io_t;
   constexpr size_t smem = Smem<M>::kBytes;
-  int device = 0, sms = 0, smem_optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  TORCH_CHECK(static_cast<size_t>(smem_optin) >= smem,
+  const int device = current_cuda_device();
+  const int sms = multiprocessor_count(device);
+  const size_t smem_optin = shared_memory_optin(device);
+  TORCH_CHECK(smem_optin >= smem,
               "conv_transpose3d_post_pool backward: the fused weight-gradient kernel needs ", smem,
               " bytes of shared memory per block; this GPU allows ", smem_optin);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(grad_weight_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
+  static DynamicSmemLimit smem_limit;
+  smem_limit.raise_to(reinterpret_cast<const void*>(grad_weight_kernel<M>), smem, device);
   const int64_t channel_tiles = static_cast<int64_t>(ci_tiles) * co_tiles;
   TORCH_CHECK(ci_tiles <= 65535 && co_tiles <= 65535,
               "conv_transpose3d_post_pool backward: too many channels for one launch");
@@ -78,10 +78,7 @@ bool conv_transpose3d_post_pool_grad_weight_cuda_fits(const at::Tensor& grad_con
   using namespace conv_transpose3d_post_pool::grad_weight;
   // The float32 modes share one layout, as do the 16-bit ones.
   const size_t smem = grad_conv.scalar_type() == at::kFloat ? Smem<Mode::kTF32>::kBytes : Smem<Mode::kBF16>::kBytes;
-  int device = 0, smem_optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return static_cast<size_t>(smem_optin) >= smem;
+  return shared_memory_optin(current_cuda_device()) >= smem;
 }
 
 void launch_conv_transpose3d_post_pool_grad_weight_cuda(const at::Tensor& grad_conv, const at::Tensor& offsets,

@@ -1,0 +1,162 @@
+"""Every recipe of torch_fused_ops.tools.recipes works with the pass on, at a small size: the chain is fused, the
+steady-state steps compile nothing, break no graph, skip no CUDA graph and never synchronise with the device, and
+a captured or cudagraph'd loop gives the same parameters (and outputs) as its uncaptured counterpart — bit-exact,
+since the same kernels run in the same order."""
+import contextlib
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import torch_fused_ops
+from fused_testing import HAS_CUDA
+from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
+from torch_fused_ops.tools import recipes
+from torch_fused_ops.tools.bench_train import _fresh_compile
+
+STEPS = 6
+
+
+def _cases(table):
+    return [pytest.param(r, d, marks=pytest.mark.skipif(d == "cuda" and not HAS_CUDA, reason="needs a GPU"))
+            for d in ("cpu", "cuda") for r in table if d == "cuda" or r not in recipes.NEEDS_CUDA]
+
+
+def _setup(device, train=True, batch=2):
+    torch.manual_seed(0)
+    model = ConvTransposeLeakyMulLeakyPool(in_channels=4, out_channels=8, multiplier_shape=(8, 1, 1, 1)).to(device)
+    x = torch.randn(batch, 4, 3, 5, 6, device=device)
+    with torch.no_grad():
+        target = torch.randn_like(model(x))
+    if not train:
+        model.requires_grad_(False)
+    return model, x, target
+
+
+@contextlib.contextmanager
+def _fresh():
+    """Strict float32 (the same kernels in every loop compared), a fresh Dynamo, the pass on, and the compile caches
+    off (a cache hit skips the pass, so its match count would not move)."""
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False), torch_fused_ops.fusion_enabled(True), \
+            _fresh_compile():
+        yield
+
+
+def _steady_steps(loop, device, steps):
+    """Runs `steps` steps after the warm-up ones, checking that none compiles, breaks a graph, skips a CUDA graph
+    or synchronises with the device."""
+    before = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
+              counters["inductor"]["cudagraph_skips"], counters["compiled_autograd"]["captures"])
+    sync = torch.cuda.set_sync_debug_mode("error") if device == "cuda" else None
+    try:
+        for _ in range(steps):
+            loop.step()
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+    after = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
+             counters["inductor"]["cudagraph_skips"], counters["compiled_autograd"]["captures"])
+    assert after == before, f"(frames, graph breaks, cudagraph skips, compiled-autograd captures): {before} -> {after}"
+    del sync
+
+
+def _check_graph_breaks(recipe):
+    """The model compiles into whole graphs: no graph break at all where only the model is compiled, and none
+    caused by our ops anywhere (compiled autograd's whole-step function breaks where PyTorch does: at
+    Optimizer.zero_grad, at Tensor.backward() and inside the optimizer's step)."""
+    reasons = dict(counters["graph_break"])
+    if recipe in ("compile", "cuda-graph"):
+        assert not reasons, reasons
+    assert not [r for r in reasons if "fused" in r], reasons
+
+
+def _train(recipe, device):
+    """Parameters after STEPS steps of `recipe` (the cuda-graph recipe's warm-up steps count among them)."""
+    with _fresh():
+        model, x, target = _setup(device)
+        before = torch_fused_ops.matched_count()
+        with contextlib.closing(recipes.training(recipe, model, x, target)) as loop:
+            warm = recipes.CAPTURE_WARMUP if recipe == "cuda-graph" else 2
+            if recipe != "cuda-graph":
+                for _ in range(warm):
+                    loop.step()
+            _steady_steps(loop, device, STEPS - warm)
+        assert torch_fused_ops.matched_count() > before, "the pass fused nothing"
+        _check_graph_breaks(recipe)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return [p.detach().clone() for p in model.parameters()]
+
+
+def _uncaptured(recipe, device):
+    """The loop each recipe must equal: the same compiled model and optimizer, stepped without capture."""
+    with _fresh():
+        model, x, target = _setup(device)
+        if recipe in ("cuda-graph", "compiled-autograd+cudagraphs"):
+            opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
+            opt_step = opt.step
+        else:  # reduce-overhead: the optimizer step compiled in the default mode
+            opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
+            opt_step = torch.compile(opt.step)
+        compiled = torch.compile(model)
+        for _ in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(compiled(x), target).backward()
+            opt_step()
+        return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,device", _cases(recipes.TRAINING))
+def test_training_recipe(recipe, device):
+    got = _train(recipe, device)
+    if recipe in ("cuda-graph", "reduce-overhead"):
+        for g, w in zip(got, _uncaptured(recipe, device)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    else:
+        # Against the plain compiled loop: the same fused kernels, but the loss's backward and the optimizer may
+        # be compiled into different kernels (compiled autograd, a compiled optimizer step), so within rounding.
+        with _fresh():
+            model, x, target = _setup(device)
+            with contextlib.closing(recipes.training("compile", model, x, target)) as loop:
+                for _ in range(STEPS):
+                    loop.step()
+            want = [p.detach().clone() for p in model.parameters()]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    ref = _setup(device)[0]
+    assert any(not torch.equal(g, r) for g, r in zip(got, ref.parameters())), "the parameters did not move"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,device", _cases(recipes.INFERENCE))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_inference_recipe(recipe, device, batch):
+    with _fresh():
+        model, x, _ = _setup(device, train=False, batch=batch)
+        with torch.no_grad():
+            want = torch.compile(model)(x).clone()
+            eager = model(x)
+        torch._dynamo.reset()
+        before = torch_fused_ops.matched_count()
+        with contextlib.closing(recipes.inference(recipe, model, x)) as loop:
+            for _ in range(2):
+                loop.step()
+            _steady_steps(loop, device, 3)
+            got = loop.step().clone()
+        assert torch_fused_ops.matched_count() > before, "the pass fused nothing"
+    assert not got.requires_grad
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_recipe_and_device():
+    model, x, target = _setup("cpu")
+    with pytest.raises(ValueError, match="unknown training recipe 'nope'"):
+        recipes.training("nope", model, x, target)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        recipes.training("cuda-graph", model, x, target)
+    with pytest.raises(ValueError, match="unknown inference recipe"):
+        recipes.inference("nope", model, x)
