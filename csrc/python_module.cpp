@@ -3,7 +3,7 @@
 // the schema in Python-facing C++ on every call (several microseconds for the convolution op's 16 arguments);
 // these take them through pybind11's typed casters and call the same operator through the dispatcher, so every
 // dispatch key (autograd, autocast, Python modes) still applies. The wrappers use them only outside Dynamo
-// tracing and when no argument or mode overrides __torch_function__ (ops/conv_transpose3d_post_pool.py).
+// tracing and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/python.h>
@@ -36,6 +36,20 @@ at::Tensor conv_transpose3d_post_pool(const at::Tensor& input, const at::Tensor&
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+using PostPoolSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef,
+                               at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
+
+at::Tensor post_pool(const at::Tensor& input, const at::Tensor& multiplier, double negative_slope,
+                     const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride,
+                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode,
+                     std::optional<double> negative_slope2) {
+  HANDLE_TH_ERRORS
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fused::post_pool", "").typed<PostPoolSig>();
+  return op.call(input, multiplier, negative_slope, kernel_size, stride, padding, dilation, ceil_mode,
+                 negative_slope2);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 }  // namespace
 }  // namespace fused
 
@@ -43,4 +57,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_fused_ops' compiled library; the operators are in torch.ops.fused";
   m.def("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool,
         "fused::conv_transpose3d_post_pool with typed arguments (no schema parsing)");
+  m.def("post_pool", &fused::post_pool, "fused::post_pool with typed arguments (no schema parsing)");
 }

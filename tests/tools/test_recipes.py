@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import torch_fused_ops
@@ -91,19 +92,20 @@ def _train(recipe, device):
 
 
 def _uncaptured(recipe, device):
-    """The loop each recipe must equal: the same compiled model and optimizer, stepped without capture."""
+    """The loop each recipe must equal: the same compiled functions and optimizer, stepped without capture (the
+    default compile mode)."""
     with _fresh():
         model, x, target = _setup(device)
-        if recipe in ("cuda-graph", "compiled-autograd+cudagraphs"):
-            opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
-            opt_step = opt.step
-        else:  # reduce-overhead: the optimizer step compiled in the default mode
-            opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
-            opt_step = torch.compile(opt.step)
-        compiled = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
+        if recipe == "cuda-graph":
+            compiled = torch.compile(model)
+            loss_of, opt_step = (lambda: F.mse_loss(compiled(x), target)), opt.step
+        else:  # reduce-overhead: the loss compiled with the model, the optimizer step compiled
+            compiled_loss = torch.compile(lambda x, t: F.mse_loss(model(x), t))
+            loss_of, opt_step = (lambda: compiled_loss(x, target)), torch.compile(opt.step)
         for _ in range(STEPS):
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.mse_loss(compiled(x), target).backward()
+            loss_of().backward()
             opt_step()
         return [p.detach().clone() for p in model.parameters()]
 
@@ -112,7 +114,7 @@ def _uncaptured(recipe, device):
 @pytest.mark.parametrize("recipe,device", _cases(recipes.TRAINING))
 def test_training_recipe(recipe, device):
     got = _train(recipe, device)
-    if recipe in ("cuda-graph", "reduce-overhead"):
+    if recipe in ("cuda-graph", "reduce-overhead", "reduce-overhead+static"):
         for g, w in zip(got, _uncaptured(recipe, device)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
     else:

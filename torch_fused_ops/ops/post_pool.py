@@ -16,10 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _C
 from . import common
 
 IntOr3 = int | Sequence[int]
 _ops = torch.ops.fused
+_POST_POOL_OP = torch.ops.fused.post_pool.default
+_has_torch_function = torch._C._has_torch_function_variadic
 
 
 def post_pool(
@@ -55,12 +58,17 @@ def post_pool(
     if not (isinstance(input, Tensor) and isinstance(multiplier, Tensor)):
         name, t = ("input", input) if not isinstance(input, Tensor) else ("multiplier", multiplier)
         raise TypeError(f"{op}: {name} must be a Tensor, got {'None' if t is None else type(t).__name__}")
-    return _ops.post_pool(
+    args = (
         input, multiplier, float(negative_slope), common.expand3(f"{op}: kernel_size", kernel_size),
         [] if stride is None else common.expand3(f"{op}: stride", stride, allow_empty_as=[]),
         common.expand3(f"{op}: padding", padding), common.expand3(f"{op}: dilation", dilation),
         bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
     )
+    # The typed entry point outside Dynamo's tracing and __torch_function__ overrides (as in
+    # conv_transpose3d_post_pool.py: the same operator, without torch.ops' per-call schema parsing).
+    if torch.compiler.is_compiling() or _has_torch_function(input, multiplier):
+        return _POST_POOL_OP(*args)
+    return _C.post_pool(*args)
 
 
 def reference_post_pool(

@@ -24,8 +24,10 @@ CAPTURE_WARMUP = 3
 TRAINING = {
     "compile": "torch.compile(model); eager AdamW",
     "compile+opt": "torch.compile(model); torch.compile(optimizer.step)",
-    "reduce-overhead": "torch.compile(model, mode='reduce-overhead'); capturable AdamW, its step compiled with "
-                       "mode='reduce-overhead'",
+    "reduce-overhead": "model and loss in one torch.compile(mode='reduce-overhead') function; capturable AdamW, its "
+                       "step compiled with mode='reduce-overhead'",
+    "reduce-overhead+static": "the same, x and target fixed buffers marked torch._dynamo.mark_static_address (a loop "
+                              "that copies each batch into them)",
     "cuda-graph": "forward, loss, backward and capturable AdamW captured once in torch.cuda.graph around "
                   "torch.compile(model), replayed",
     "compiled-autograd": "the whole step in one torch.compile'd function, compiled autograd on",
@@ -34,9 +36,10 @@ TRAINING = {
 INFERENCE = {
     "compile": "torch.compile(model) under torch.no_grad()",
     "reduce-overhead": "torch.compile(model, mode='reduce-overhead') under torch.no_grad()",
+    "reduce-overhead+static": "the same, x a fixed buffer marked torch._dynamo.mark_static_address",
     "cuda-graph": "torch.compile(model) captured once in torch.cuda.graph, replayed",
 }
-NEEDS_CUDA = {"reduce-overhead", "cuda-graph", "compiled-autograd+cudagraphs"}
+NEEDS_CUDA = {"reduce-overhead", "reduce-overhead+static", "cuda-graph", "compiled-autograd+cudagraphs"}
 
 
 @dataclass
@@ -93,15 +96,24 @@ def training(recipe: str, model: nn.Module, x: torch.Tensor, target: torch.Tenso
         loop.optimizer = torch.optim.AdamW(params, lr=LR)
         loop.step = _plain_step(torch.compile(model), loop.optimizer, x, target,
                                 opt_step=torch.compile(loop.optimizer.step))
-    elif recipe == "reduce-overhead":
-        loop.optimizer = torch.optim.AdamW(params, lr=LR, capturable=True)
-        inner = _plain_step(torch.compile(model, mode="reduce-overhead"), loop.optimizer, x, target,
-                            opt_step=torch.compile(loop.optimizer.step, mode="reduce-overhead"))
+    elif recipe.startswith("reduce-overhead"):
+        loop.optimizer = opt = torch.optim.AdamW(params, lr=LR, capturable=True)
+        if recipe.endswith("+static"):
+            # Inputs at fixed addresses: cudagraph trees read them in place instead of copying them in.
+            torch._dynamo.mark_static_address(x)
+            torch._dynamo.mark_static_address(target)
+
+        @torch.compile(mode="reduce-overhead")
+        def loss_of(x, target):
+            return F.mse_loss(model(x), target)
+        opt_step = torch.compile(opt.step, mode="reduce-overhead")
 
         def step():
             # A new iteration for cudagraph trees: the previous step's outputs may be overwritten.
             torch.compiler.cudagraph_mark_step_begin()
-            inner()
+            opt.zero_grad(set_to_none=True)
+            loss_of(x, target).backward()
+            opt_step()
         loop.step = step
     elif recipe == "cuda-graph":
         loop.optimizer = opt = torch.optim.AdamW(params, lr=LR, capturable=True)
@@ -148,7 +160,9 @@ def inference(recipe: str, model: nn.Module, x: torch.Tensor) -> Loop:
     if recipe == "compile":
         compiled = torch.compile(model)
         loop.step = lambda: compiled(x)
-    elif recipe == "reduce-overhead":
+    elif recipe.startswith("reduce-overhead"):
+        if recipe.endswith("+static"):
+            torch._dynamo.mark_static_address(x)
         compiled = torch.compile(model, mode="reduce-overhead")
 
         def step():

@@ -1,0 +1,91 @@
+"""The eager wrappers call the ops through typed entry points (csrc/python_module.cpp) instead of torch.ops: the same
+operator, results and exceptions; torch.ops still takes the call wherever __torch_function__ applies (a mode, a
+tensor subclass) and while Dynamo traces, so those see the operator as before."""
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import torch_fused_ops
+from torch_fused_ops import _C
+from fused_testing import HAS_CUDA
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU"))]
+CONV_ARGS = ([2] * 3, [1] * 3, [1] * 3, 1, [1] * 3)
+
+
+def _conv_inputs(device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 3, 4, 5, generator=g).to(device)
+    w = (torch.randn(4, 6, 3, 3, 3, generator=g) / 6).to(device)
+    b = torch.randn(6, generator=g).to(device)
+    m = torch.randn(6, 1, 1, 1, generator=g).to(device)
+    return x, w, b, m
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_typed_entry_points_equal_torch_ops(device):
+    x, w, b, m = _conv_inputs(device)
+    args = (x, w, b, *CONV_ARGS, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
+    want = torch.ops.fused.conv_transpose3d_post_pool.default(*args)
+    got = _C.conv_transpose3d_post_pool(*args)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    y = torch.randn(2, 6, 6, 8, 10, device=device)
+    pp_args = (y, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, 0.3)
+    torch.testing.assert_close(_C.post_pool(*pp_args), torch.ops.fused.post_pool.default(*pp_args), rtol=0, atol=0)
+
+
+def test_typed_entry_points_raise_the_ops_exception_types():
+    x, w, b, m = _conv_inputs("cpu")
+    bad_m = torch.randn(5, 1, 1, 1)  # neither 1 nor Cout elements
+    for fn in (_C.conv_transpose3d_post_pool, torch.ops.fused.conv_transpose3d_post_pool.default):
+        with pytest.raises(ValueError, match="multiplier"):
+            fn(x, w, b, *CONV_ARGS, bad_m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
+    y = torch.randn(2, 6, 6, 8, 10)
+    for fn in (_C.post_pool, torch.ops.fused.post_pool.default):
+        with pytest.raises(ValueError, match="kernel_size"):
+            fn(y, m, 0.2, [0, 2, 2], [], [0] * 3, [1] * 3, False, None)
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+class _Subclass(torch.Tensor):
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_torch_function_modes_and_subclasses_see_the_operator():
+    x, w, b, m = _conv_inputs("cpu")
+    with _Recorder() as mode:
+        torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+        torch_fused_ops.post_pool(torch.randn(2, 6, 6, 8, 10), m, 0.2)
+    assert torch.ops.fused.conv_transpose3d_post_pool.default in mode.funcs
+    assert torch.ops.fused.post_pool.default in mode.funcs
+    _Subclass.seen.clear()
+    out = torch_fused_ops.conv_transpose3d_post_pool(x.as_subclass(_Subclass), w, b, m, 0.2, 2, 1, 1)
+    assert torch.ops.fused.conv_transpose3d_post_pool.default in _Subclass.seen
+    assert isinstance(out, _Subclass)
+
+
+def test_dynamo_traces_the_wrappers_without_a_graph_break():
+    x, w, b, m = _conv_inputs("cpu")
+
+    def f(x):
+        y = torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
+        return torch_fused_ops.post_pool(y, m[:1], 0.1, kernel_size=1)
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="eager")(x)  # fullgraph: a graph break would raise
+    torch.testing.assert_close(got, f(x), rtol=0, atol=0)
