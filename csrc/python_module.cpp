@@ -1,61 +1,185 @@
 // The Python module `torch_fused_ops._C`: importing it loads this library (which runs every registration), and it
-// holds typed entry points for the eager wrappers. An eager call through torch.ops parses its arguments against
-// the schema in Python-facing C++ on every call (several microseconds for the convolution op's 16 arguments);
-// these take them through pybind11's typed casters and call the same operator through the dispatcher, so every
-// dispatch key (autograd, autocast, Python modes) still applies. The wrappers use them only outside Dynamo
-// tracing and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
+// holds the eager wrappers' entry points. A call through torch.ops parses its arguments against the schema on every
+// call (about as long as the whole op on the GPU machine's host, for the convolution's 16 arguments); these read
+// the wrapper's own arguments as they come (tensors, plain ints or lists of three, floats, bools, None), expand the
+// int-or-three ones as the wrapper does, and call the operator through the dispatcher, so every dispatch key
+// (autograd, autocast, Python dispatch modes) still applies. Anything else makes them return None, and the
+// wrapper takes its Python path, which validates and raises. The wrappers call them only outside Dynamo's tracing
+// and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/python.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <pybind11/pybind11.h>
 
+#include <Python.h>
+
+#include <array>
+#include <cstdint>
 #include <optional>
-#include <vector>
 
 namespace fused {
 namespace {
+
+// Up to three ints: one int3 argument in the schema's form ([] for a pool stride given as None).
+struct Int3Arg {
+  std::array<int64_t, 3> v{};
+  size_t n = 0;
+  at::IntArrayRef ref() const { return at::IntArrayRef(v.data(), n); }
+};
+
+bool read_int(PyObject* o, int64_t* out) {
+  if (!PyLong_CheckExact(o)) return false;  // bool, numpy integers, ...: the Python path
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+// An int (expanded to three), a list or tuple of three ints, or None when `none_is_empty`.
+bool read_int3(PyObject* o, Int3Arg* out, bool none_is_empty = false) {
+  if (o == Py_None) {
+    out->n = 0;
+    return none_is_empty;
+  }
+  int64_t x = 0;
+  if (read_int(o, &x)) {
+    out->v = {x, x, x};
+    out->n = 3;
+    return true;
+  }
+  const bool list = PyList_CheckExact(o), tuple = PyTuple_CheckExact(o);
+  if (!(list || tuple) || Py_SIZE(o) != 3) return false;
+  for (Py_ssize_t i = 0; i < 3; ++i) {
+    if (!read_int(list ? PyList_GET_ITEM(o, i) : PyTuple_GET_ITEM(o, i), &out->v[i])) return false;
+  }
+  out->n = 3;
+  return true;
+}
+
+bool read_double(PyObject* o, double* out) {
+  if (PyFloat_CheckExact(o)) {
+    *out = PyFloat_AS_DOUBLE(o);
+    return true;
+  }
+  if (!PyLong_CheckExact(o)) return false;
+  const double x = PyLong_AsDouble(o);  // what float(int) gives
+  if (x == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool read_optional_double(PyObject* o, std::optional<double>* out) {
+  if (o == Py_None) {
+    *out = std::nullopt;
+    return true;
+  }
+  double x = 0;
+  if (!read_double(o, &x)) return false;
+  *out = x;
+  return true;
+}
+
+bool read_bool(PyObject* o, bool* out) {
+  if (o != Py_True && o != Py_False) return false;
+  *out = o == Py_True;
+  return true;
+}
+
+const at::Tensor* read_tensor(PyObject* o) { return THPVariable_Check(o) ? &THPVariable_Unpack(o) : nullptr; }
 
 using ConvSig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
                            at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef, const at::Tensor&, double,
                            at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool,
                            std::optional<double>);
 
-at::Tensor conv_transpose3d_post_pool(const at::Tensor& input, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
-                                      const std::vector<int64_t>& padding, const std::vector<int64_t>& output_padding,
-                                      int64_t groups, const std::vector<int64_t>& dilation, const at::Tensor& multiplier,
-                                      double negative_slope, const std::vector<int64_t>& kernel_size,
-                                      const std::vector<int64_t>& pool_stride, const std::vector<int64_t>& pool_padding,
-                                      const std::vector<int64_t>& pool_dilation, bool ceil_mode,
-                                      std::optional<double> negative_slope2) {
-  // Errors become the Python exceptions torch.ops would raise (ValueError, TypeError, ...), warnings Python warnings.
+// conv_transpose3d_post_pool(input, weight, bias, multiplier, negative_slope, stride, padding, output_padding,
+// groups, dilation, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2): the
+// wrapper's argument order, all 16 positional.
+PyObject* conv_transpose3d_post_pool(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
+  if (nargs != 16) Py_RETURN_NONE;
+  const at::Tensor* input = read_tensor(args[0]);
+  const at::Tensor* weight = read_tensor(args[1]);
+  const at::Tensor* multiplier = read_tensor(args[3]);
+  const at::Tensor* bias = args[2] == Py_None ? nullptr : read_tensor(args[2]);
+  double slope = 0;
+  std::optional<double> slope2;
+  int64_t groups = 0;
+  bool ceil_mode = false;
+  Int3Arg stride, padding, output_padding, dilation, kernel_size, pool_stride, pool_padding, pool_dilation;
+  if (input == nullptr || weight == nullptr || multiplier == nullptr || (args[2] != Py_None && bias == nullptr) ||
+      !read_double(args[4], &slope) || !read_int3(args[5], &stride) || !read_int3(args[6], &padding) ||
+      !read_int3(args[7], &output_padding) || !read_int(args[8], &groups) || !read_int3(args[9], &dilation) ||
+      !read_int3(args[10], &kernel_size) || !read_int3(args[11], &pool_stride, /*none_is_empty=*/true) ||
+      !read_int3(args[12], &pool_padding) || !read_int3(args[13], &pool_dilation) ||
+      !read_bool(args[14], &ceil_mode) || !read_optional_double(args[15], &slope2)) {
+    Py_RETURN_NONE;
+  }
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("fused::conv_transpose3d_post_pool", "").typed<ConvSig>();
-  return op.call(input, weight, bias, stride, padding, output_padding, groups, dilation, multiplier, negative_slope,
-                 kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2);
-  END_HANDLE_TH_ERRORS_PYBIND
+  const std::optional<at::Tensor> bias_opt = bias == nullptr ? std::nullopt : std::optional<at::Tensor>(*bias);
+  at::Tensor out;
+  {
+    pybind11::gil_scoped_release no_gil;  // as torch's own bindings do around a call into the dispatcher
+    out = op.call(*input, *weight, bias_opt, stride.ref(), padding.ref(), output_padding.ref(), groups,
+                  dilation.ref(), *multiplier, slope, kernel_size.ref(), pool_stride.ref(), pool_padding.ref(),
+                  pool_dilation.ref(), ceil_mode, slope2);
+  }
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
 }
 
 using PostPoolSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef,
                                at::IntArrayRef, at::IntArrayRef, bool, std::optional<double>);
 
-at::Tensor post_pool(const at::Tensor& input, const at::Tensor& multiplier, double negative_slope,
-                     const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride,
-                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode,
-                     std::optional<double> negative_slope2) {
+// post_pool(input, multiplier, negative_slope, kernel_size, stride, padding, dilation, ceil_mode, negative_slope2).
+PyObject* post_pool(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
+  if (nargs != 9) Py_RETURN_NONE;
+  const at::Tensor* input = read_tensor(args[0]);
+  const at::Tensor* multiplier = read_tensor(args[1]);
+  double slope = 0;
+  std::optional<double> slope2;
+  bool ceil_mode = false;
+  Int3Arg kernel_size, stride, padding, dilation;
+  if (input == nullptr || multiplier == nullptr || !read_double(args[2], &slope) ||
+      !read_int3(args[3], &kernel_size) || !read_int3(args[4], &stride, /*none_is_empty=*/true) ||
+      !read_int3(args[5], &padding) || !read_int3(args[6], &dilation) || !read_bool(args[7], &ceil_mode) ||
+      !read_optional_double(args[8], &slope2)) {
+    Py_RETURN_NONE;
+  }
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fused::post_pool", "").typed<PostPoolSig>();
-  return op.call(input, multiplier, negative_slope, kernel_size, stride, padding, dilation, ceil_mode,
-                 negative_slope2);
-  END_HANDLE_TH_ERRORS_PYBIND
+  at::Tensor out;
+  {
+    pybind11::gil_scoped_release no_gil;
+    out = op.call(*input, *multiplier, slope, kernel_size.ref(), stride.ref(), padding.ref(), dilation.ref(),
+                  ceil_mode, slope2);
+  }
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
 }
+
+PyMethodDef kMethods[] = {
+    {"conv_transpose3d_post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
+                                       &conv_transpose3d_post_pool)),
+     METH_FASTCALL, "fused::conv_transpose3d_post_pool from the wrapper's plain arguments, or None"},
+    {"post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&post_pool)), METH_FASTCALL,
+     "fused::post_pool from the wrapper's plain arguments, or None"},
+    {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 }  // namespace fused
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_fused_ops' compiled library; the operators are in torch.ops.fused";
-  m.def("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool,
-        "fused::conv_transpose3d_post_pool with typed arguments (no schema parsing)");
-  m.def("post_pool", &fused::post_pool, "fused::post_pool with typed arguments (no schema parsing)");
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
+                                   "torch_fused_ops' compiled library; the operators are in torch.ops.fused", -1,
+                                   fused::kMethods};
+  return PyModule_Create(&module_def);
 }

@@ -1,6 +1,7 @@
-"""The eager wrappers call the ops through typed entry points (csrc/python_module.cpp) instead of torch.ops: the same
-operator, results and exceptions; torch.ops still takes the call wherever __torch_function__ applies (a mode, a
-tensor subclass) and while Dynamo traces, so those see the operator as before."""
+"""The eager wrappers call the ops through C entry points (csrc/python_module.cpp) instead of torch.ops: the same
+operator, results and exceptions; arguments that are not plain make them return None (the wrapper's Python path
+then validates them); torch.ops still takes the call wherever __torch_function__ applies (a mode, a tensor
+subclass) and while Dynamo traces, so those see the operator as before."""
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -23,28 +24,57 @@ def _conv_inputs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_typed_entry_points_equal_torch_ops(device):
+def test_entry_points_equal_torch_ops(device):
     x, w, b, m = _conv_inputs(device)
-    args = (x, w, b, *CONV_ARGS, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
-    want = torch.ops.fused.conv_transpose3d_post_pool.default(*args)
-    got = _C.conv_transpose3d_post_pool(*args)
-    assert got.stride() == want.stride()
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    want = torch.ops.fused.conv_transpose3d_post_pool.default(x, w, b, *CONV_ARGS, m, 0.2, [2] * 3, [], [0] * 3,
+                                                             [1] * 3, False, None)
+    # The wrapper's order and forms: ints or three of them, None for the pool stride.
+    for plain in ((x, w, b, m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None),
+                  (x, w, b, m, 0.2, (2, 2, 2), [1, 1, 1], 1, 1, [1] * 3, (2, 2, 2), [2] * 3, 0, 1, False, 0.2)):
+        got = _C.conv_transpose3d_post_pool(*plain)
+        assert got is not None and got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(torch_fused_ops.conv_transpose3d_post_pool(*plain), want, rtol=0, atol=0)
     y = torch.randn(2, 6, 6, 8, 10, device=device)
-    pp_args = (y, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, 0.3)
-    torch.testing.assert_close(_C.post_pool(*pp_args), torch.ops.fused.post_pool.default(*pp_args), rtol=0, atol=0)
+    want = torch.ops.fused.post_pool.default(y, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, 0.3)
+    torch.testing.assert_close(_C.post_pool(y, m, 0.2, 2, None, 0, 1, False, 0.3), want, rtol=0, atol=0)
+    torch.testing.assert_close(_C.post_pool(y, m, 1 / 5, [2] * 3, (2, 2, 2), [0] * 3, 1, False, 0.3), want, rtol=0,
+                               atol=0)
 
 
-def test_typed_entry_points_raise_the_ops_exception_types():
+def test_entry_points_leave_what_is_not_plain_to_the_python_path():
+    x, w, b, m = _conv_inputs("cpu")
+    base = [x, w, b, m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None]
+    for i, value in ((0, None), (2, 1.0), (4, True), (5, [2, 2]), (5, [2]), (5, 2.0), (5, True), (6, 2**70),
+                     (8, 1.0), (11, []), (14, 0), (15, "0.1")):
+        args = list(base)
+        args[i] = value
+        assert _C.conv_transpose3d_post_pool(*args) is None, (i, value)
+    assert _C.conv_transpose3d_post_pool(*base[:15]) is None  # not all 16
+    y = torch.randn(2, 6, 6, 8, 10)
+    assert _C.post_pool(y, m, 0.2, 2, [], 0, 1, False, None) is None
+    # The wrapper then takes torch.ops' path: a one-element list expands, a bad one raises the wrapper's error.
+    torch.testing.assert_close(torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, [2], 1, 1),
+                               torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="stride must be a single int or a list of three ints"):
+        torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, [2, 2], 1, 1)
+    with pytest.raises(TypeError, match="input must be a Tensor, got None"):
+        torch_fused_ops.conv_transpose3d_post_pool(None, w, b, m, 0.2, 2, 1, 1)
+
+
+def test_entry_points_raise_the_ops_exception_types():
     x, w, b, m = _conv_inputs("cpu")
     bad_m = torch.randn(5, 1, 1, 1)  # neither 1 nor Cout elements
-    for fn in (_C.conv_transpose3d_post_pool, torch.ops.fused.conv_transpose3d_post_pool.default):
-        with pytest.raises(ValueError, match="multiplier"):
-            fn(x, w, b, *CONV_ARGS, bad_m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
+    with pytest.raises(ValueError, match="multiplier"):
+        _C.conv_transpose3d_post_pool(x, w, b, bad_m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None)
+    with pytest.raises(ValueError, match="multiplier"):
+        torch.ops.fused.conv_transpose3d_post_pool.default(x, w, b, *CONV_ARGS, bad_m, 0.2, [2] * 3, [], [0] * 3,
+                                                           [1] * 3, False, None)
     y = torch.randn(2, 6, 6, 8, 10)
-    for fn in (_C.post_pool, torch.ops.fused.post_pool.default):
-        with pytest.raises(ValueError, match="kernel_size"):
-            fn(y, m, 0.2, [0, 2, 2], [], [0] * 3, [1] * 3, False, None)
+    with pytest.raises(ValueError, match="kernel_size"):
+        _C.post_pool(y, m, 0.2, [0, 2, 2], None, 0, 1, False, None)
+    with pytest.raises(ValueError, match="kernel_size"):
+        torch.ops.fused.post_pool.default(y, m, 0.2, [0, 2, 2], [], [0] * 3, [1] * 3, False, None)
 
 
 class _Recorder(TorchFunctionMode):

@@ -25,7 +25,6 @@ IntOr3 = int | Sequence[int]
 _OP = "fused::conv_transpose3d_post_pool"
 # The overload itself: calling it skips the packet's overload resolution on every call.
 _CONV_OP = torch.ops.fused.conv_transpose3d_post_pool.default
-_TYPED_CONV = _C.conv_transpose3d_post_pool
 _has_torch_function = torch._C._has_torch_function_variadic
 
 
@@ -53,6 +52,15 @@ def conv_transpose3d_post_pool(
     ``torch.nn.functional.max_pool3d`` (``pool_stride`` None means ``kernel_size``); multiplier and slopes as
     ``torch_fused_ops.post_pool``. Differentiable in input, weight, bias and multiplier.
     """
+    # Outside Dynamo's tracing and without a __torch_function__ override, the C entry point: the same operator
+    # through the dispatcher, without torch.ops' per-call schema parsing; None when an argument is not plain
+    # (csrc/python_module.cpp), and then the Python path below validates it.
+    if not (torch.compiler.is_compiling() or _has_torch_function(input, weight, bias, multiplier)):
+        out = _C.conv_transpose3d_post_pool(input, weight, bias, multiplier, negative_slope, stride, padding,
+                                            output_padding, groups, dilation, kernel_size, pool_stride, pool_padding,
+                                            pool_dilation, ceil_mode, negative_slope2)
+        if out is not None:
+            return out
     if not (isinstance(input, Tensor) and isinstance(weight, Tensor) and isinstance(multiplier, Tensor)
             and (bias is None or isinstance(bias, Tensor))):  # one expression: this runs on every call
         _check_tensor_types("conv_transpose3d_post_pool", input, weight, bias, multiplier)
@@ -75,11 +83,7 @@ def conv_transpose3d_post_pool(
         bool(ceil_mode),
         None if negative_slope2 is None else float(negative_slope2),
     )
-    # Outside Dynamo's tracing and without a __torch_function__ override, the typed entry point: the same operator
-    # through the dispatcher, without torch.ops' per-call schema parsing (csrc/python_module.cpp).
-    if torch.compiler.is_compiling() or _has_torch_function(input, weight, bias, multiplier):
-        return _CONV_OP(*args)
-    return _TYPED_CONV(*args)
+    return _CONV_OP(*args)
 
 
 # ---- shared argument handling -----------------------------------------------------------------------------

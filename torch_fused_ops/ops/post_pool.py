@@ -53,6 +53,12 @@ def post_pool(
         double inputs) rounded once to the input dtype; float32 results equal the eager composite bit for bit.
         Differentiable in input and multiplier.
     """
+    # The C entry point where the arguments are plain (as in conv_transpose3d_post_pool.py).
+    if not (torch.compiler.is_compiling() or _has_torch_function(input, multiplier)):
+        out = _C.post_pool(input, multiplier, negative_slope, kernel_size, stride, padding, dilation, ceil_mode,
+                           negative_slope2)
+        if out is not None:
+            return out
     op = "fused::post_pool"
     # None reaches the kernel as an undefined tensor, which would fail later with an unrelated message.
     if not (isinstance(input, Tensor) and isinstance(multiplier, Tensor)):
@@ -64,11 +70,7 @@ def post_pool(
         common.expand3(f"{op}: padding", padding), common.expand3(f"{op}: dilation", dilation),
         bool(ceil_mode), None if negative_slope2 is None else float(negative_slope2),
     )
-    # The typed entry point outside Dynamo's tracing and __torch_function__ overrides (as in
-    # conv_transpose3d_post_pool.py: the same operator, without torch.ops' per-call schema parsing).
-    if torch.compiler.is_compiling() or _has_torch_function(input, multiplier):
-        return _POST_POOL_OP(*args)
-    return _C.post_pool(*args)
+    return _POST_POOL_OP(*args)
 
 
 def reference_post_pool(
