@@ -4,8 +4,8 @@
     python benchmarks/host_profile.py [--kind train|infer] [--recipe compiled-autograd] [--pass on|off]
         [--config tf32] [--batch 16] [--steps 20] [--top 25]
 
-Also the host µs of one eager fused-convolution call broken into its parts (--eager-call): the wrapper, the typed
-entry point alone, torch.ops' path, an output allocation, and one small aten op, for scale.
+Also the host µs of one eager fused-convolution call broken into its parts (--eager-call): the wrapper, its C entry
+point alone, torch.ops' path, an output allocation, and one small aten op, for scale.
 """
 from __future__ import annotations
 
@@ -57,11 +57,12 @@ def eager_call_parts(device, batch):
     model, x, _ = _model_and_data("tf32", device, batch, DEFAULT_INPUT, train=False)
     w, b, m = model.conv_transpose.weight, model.conv_transpose.bias, model.multiplier
     args = (x, w, b, [2] * 3, [1] * 3, [1] * 3, 1, [1] * 3, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
+    plain = (x, w, b, m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None)  # the wrapper's order
     out = torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
     small = torch.randn(32, device=device)
     cases = {
         "wrapper": lambda: torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1),
-        "typed entry point alone": lambda: _C.conv_transpose3d_post_pool(*args),
+        "C entry point alone": lambda: _C.conv_transpose3d_post_pool(*plain),
         "torch.ops path": lambda: torch.ops.fused.conv_transpose3d_post_pool.default(*args),
         "torch.empty of the output": lambda: torch.empty(out.shape, device=device),
         "torch.relu of 32 floats (one aten op)": lambda: torch.relu(small),
