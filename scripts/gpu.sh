@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build, tests, benchmark, and optionally Nsight Compute and compute-sanitizer.
 #
-#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench train ncu sass sanitize; default: tests bench) run in that
+#   bash scripts/gpu.sh [STEP ...]     STEPs (any of tests bench train loop ncu sass sanitize; default: tests bench) run in that
 #                                      order after the build, whatever order they are given in
 #   bash scripts/gpu.sh --plan         print the test shards and exit (no GPU needed)
 #   bash scripts/gpu.sh --hash         the sources' content hash (the summary's "sources" field), to compare here
@@ -23,6 +23,9 @@
 #             time per training step, peak memory, largest allocation, floors, the pass-on steps' kernels), its
 #             tables appended to bench.md. TRAIN_TIMEOUT (300); 8 compilations, so alone or with TRAIN_ARGS="--configs
 #             tf32,tf32-xgrad" beside the bench.
+#   loop      python -m torch_fused_ops.tools.bench_loop $LOOP_ARGS (default: every recipe that runs on CUDA, TF32, pass
+#             off and on: the training loop with a loss and AdamW, and inference at batch 1 and 16; wall, device and
+#             host time per step, issue 28's target checks), its tables appended to bench.md. LOOP_TIMEOUT (240).
 #   ncu       Nsight Compute over one launch of each shipped kernel (benchmarks/profile_kernels.py), sections
 #             $NCU_ARGS (default SpeedOfLight, Occupancy, LaunchStats, WarpStateStats), kernels matching
 #             $NCU_KERNELS (a regex; default every kernel of ours). NCU_TIMEOUT (180).
@@ -46,9 +49,9 @@
 # The whole call stops itself before DEADLINE seconds (default 570, under the device tool's 600): each step's
 # timeout is cut to what is left, and a step with under 20 s left is skipped and says so in the summary.
 # What comes back in $OUT (the device tool returns at most 8 files): summary.txt (every step's result, the test
-# totals, the bench tables), tests.log (all shards), bench.md (the train step's tables too), bench_cuda.json,
-# bench_cuda.png, bench_train.json, ncu.txt, sass.txt, sanitize.log, extra.log (every step and EXTRA at once make
-# 10: two are lost). Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
+# totals, the bench tables), tests.log (all shards), bench.md (the train and loop steps' tables too), bench_cuda.json,
+# bench_cuda.png, bench_train.json, bench_loop.json, ncu.txt, sass.txt, sanitize.log, extra.log (every step and EXTRA
+# at once make 11: three are lost). Everything else (build log, per-shard logs, bench progress) stays in /tmp/gpu_work.
 #
 # Examples (one 10-minute device call each):
 #   bash scripts/gpu.sh                                       the whole suite, then the bench
@@ -104,7 +107,7 @@ esac
 
 STEPS=" ${*:-tests bench} "
 for s in $STEPS; do
-  case "$s" in tests|bench|train|ncu|sass|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench train ncu sass sanitize)"; exit 2 ;; esac
+  case "$s" in tests|bench|train|loop|ncu|sass|sanitize) ;; *) echo "gpu.sh: unknown step '$s' (tests bench train loop ncu sass sanitize)"; exit 2 ;; esac
 done
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
@@ -230,6 +233,24 @@ if want train; then
     # The rows measured before a timeout or a failure are in the progress log only.
     if [ $rc = 0 ]; then tail -3 "$T/bench_train.log" >> "$summary"; else tail -40 "$T/bench_train.log" >> "$summary"; fi
     cp "$T"/bench_train.json "$OUT/" 2>/dev/null
+  fi
+fi
+
+# ---- the loops users write --------------------------------------------------------------------------------
+if want loop; then
+  t0=$SECONDS
+  lim=$(budget "${LOOP_TIMEOUT:-240}")
+  if [ "$lim" = 0 ]; then skipped loop; else
+    # shellcheck disable=SC2086
+    timeout "$lim" python3 -m torch_fused_ops.tools.bench_loop ${LOOP_ARGS:-} --out "$T" > "$T/bench_loop.md" \
+      2> "$T/bench_loop.log"
+    rc=$?; [ $rc = 0 ] || rc_all=1
+    note "loop: rc=$rc in $((SECONDS - t0)) s"
+    cat "$T/bench_loop.md" >> "$OUT/bench.md"
+    cat "$T/bench_loop.md" >> "$summary"
+    # Rows measured before a timeout are in bench_loop.partial.json and the progress log.
+    if [ $rc = 0 ]; then tail -3 "$T/bench_loop.log" >> "$summary"; else tail -40 "$T/bench_loop.log" >> "$summary"; fi
+    cp "$T"/bench_loop.json "$OUT/" 2>/dev/null || cp "$T"/bench_loop.partial.json "$OUT/" 2>/dev/null
   fi
 fi
 
