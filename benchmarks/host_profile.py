@@ -31,7 +31,9 @@ def profile_recipe(kind, recipe, config, use_pass, device, batch, steps, top):
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=CONFIGS[config][2]), _fresh_compile(), \
             torch_fused_ops.fusion_enabled(use_pass):
         model, x, target = _model_and_data(config, device, batch, DEFAULT_INPUT, kind == "train")
-        loop = recipes.training(recipe, model, x, target) if kind == "train" else recipes.inference(recipe, model, x)
+        amp = CONFIGS[config][3]
+        loop = recipes.training(recipe, model, x, target, autocast=amp) if kind == "train" else \
+            recipes.inference(recipe, model, x, autocast=amp)
         with contextlib.closing(loop):
             for _ in range(5):
                 loop.step()

@@ -162,3 +162,52 @@ def test_unknown_recipe_and_device():
         recipes.training("cuda-graph", model, x, target)
     with pytest.raises(ValueError, match="unknown inference recipe"):
         recipes.inference("nope", model, x)
+
+
+def _autocast_cases():
+    return [pytest.param("cpu", "compile", id="cpu-compile"),
+            pytest.param("cuda", "cuda-graph", id="cuda-cuda-graph",
+                         marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device,recipe", _autocast_cases())
+def test_recipes_under_autocast(device, recipe):
+    # A float32 model under torch.autocast(bfloat16), as mixed precision is usually run: the training loop's
+    # steady steps compile nothing, the parameters stay float32 and move, and a captured loop equals its uncaptured
+    # counterpart bit for bit; inference gives eager autocast's dtype.
+    def run(recipe_name):
+        with _fresh():
+            model, x, target = _setup(device)
+            with contextlib.closing(recipes.training(recipe_name, model, x, target, autocast=torch.bfloat16)) as loop:
+                warm = recipes.CAPTURE_WARMUP if recipe_name == "cuda-graph" else 2
+                for _ in range(0 if recipe_name == "cuda-graph" else warm):
+                    loop.step()
+                _steady_steps(loop, device, STEPS - warm)
+            return [p.detach().clone() for p in model.parameters()]
+
+    got = run(recipe)
+    ref = _setup(device)[0]
+    assert all(p.dtype == torch.float32 for p in got)
+    assert any(not torch.equal(g, r) for g, r in zip(got, ref.parameters())), "the parameters did not move"
+    if recipe == "cuda-graph":
+        with _fresh():
+            model, x, target = _setup(device)
+            opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
+            compiled = torch.compile(model)
+            with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
+                for _ in range(STEPS):
+                    opt.zero_grad(set_to_none=True)
+                    F.mse_loss(compiled(x), target).backward()
+                    opt.step()
+            want = [p.detach().clone() for p in model.parameters()]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with _fresh():
+        model, x, _ = _setup(device, train=False)
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            eager = model(x)
+        with contextlib.closing(recipes.inference("compile", model, x, autocast=torch.bfloat16)) as loop:
+            out = loop.step()
+    assert out.dtype == eager.dtype == torch.float32  # the multiply by the float32 multiplier promotes
+    torch.testing.assert_close(out, eager, rtol=2e-2, atol=2e-2)

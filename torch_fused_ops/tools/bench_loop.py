@@ -30,9 +30,10 @@ from torch_fused_ops.tools import recipes
 from torch_fused_ops.tools.bench_train import _fresh_compile, _host_us_median, _jsonable, kernels_of
 from torch_fused_ops.tools.timing import host_us, median_us
 
-CONFIGS = {  # name: (label, parameter and input dtype, TF32 allowed)
-    "tf32": ("float32, TF32 on", torch.float32, True),
-    "bf16": ("bfloat16 weights and input", torch.bfloat16, True),
+CONFIGS = {  # name: (label, parameter and input dtype, TF32 allowed, autocast dtype)
+    "tf32": ("float32, TF32 on", torch.float32, True, None),
+    "bf16": ("bfloat16 weights and input", torch.bfloat16, True, None),
+    "autocast-bf16": ("float32 model under torch.autocast(bfloat16)", torch.float32, True, torch.bfloat16),
 }
 SMALL_BATCH, SMALL_INPUT = 2, (4, 8, 8)
 # The fused convolution's kernels, by name in the profiler: the inference rows' yardstick.
@@ -76,7 +77,7 @@ def _compile_counts() -> dict:
 
 
 def _model_and_data(config: str, device: torch.device, batch: int, spatial, train: bool):
-    _, dtype, _ = CONFIGS[config]
+    dtype = CONFIGS[config][1]
     torch.manual_seed(0)
     model = ConvTransposeLeakyMulLeakyPool().to(device=device, dtype=dtype)
     x = torch.randn(batch, model.conv_transpose.in_channels, *spatial, device=device, dtype=dtype)
@@ -100,7 +101,9 @@ def measure(kind: str, recipe: str, config: str, use_pass: bool, device: torch.d
         before = torch_fused_ops.matched_count()
         at_start = _compile_counts()
         model, x, target = _model_and_data(config, device, batch, spatial, kind == "train")
-        loop = recipes.training(recipe, model, x, target) if kind == "train" else recipes.inference(recipe, model, x)
+        amp = CONFIGS[config][3]
+        loop = recipes.training(recipe, model, x, target, autocast=amp) if kind == "train" else \
+            recipes.inference(recipe, model, x, autocast=amp)
         with contextlib.closing(loop):
             for _ in range(5):
                 loop.step()

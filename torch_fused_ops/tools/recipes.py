@@ -79,8 +79,17 @@ def _capture(run: Callable[[], object], before_capture: Callable[[], None] | Non
     return graph.replay
 
 
-def training(recipe: str, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Loop:
-    """`model` (on its device, parameters requiring grad) trained on (x, target) with AdamW by `recipe`.
+def _under_autocast(loop: Loop, device: torch.device, dtype: torch.dtype | None) -> None:
+    """The rest of the loop's life under torch.autocast(dtype), as a user's loop body would be. Its cast cache is
+    off: a captured graph must cast the weights AdamW updates, not reuse casts made before the capture."""
+    if dtype is not None:
+        loop._stack.enter_context(torch.autocast(device.type, dtype=dtype, cache_enabled=False))
+
+
+def training(recipe: str, model: nn.Module, x: torch.Tensor, target: torch.Tensor,
+             autocast: torch.dtype | None = None) -> Loop:
+    """`model` (on its device, parameters requiring grad) trained on (x, target) with AdamW by `recipe`, under
+    ``torch.autocast(dtype=autocast)`` when given.
 
     The cuda-graph recipe runs CAPTURE_WARMUP real steps while it builds; every other recipe runs none."""
     if recipe not in TRAINING:
@@ -89,6 +98,7 @@ def training(recipe: str, model: nn.Module, x: torch.Tensor, target: torch.Tenso
         raise ValueError(f"the {recipe} recipe needs CUDA tensors (CUDA graphs), got {x.device}")
     params = list(model.parameters())
     loop = Loop(step=lambda: None, model=model)
+    _under_autocast(loop, x.device, autocast)
     if recipe == "compile":
         loop.optimizer = torch.optim.AdamW(params, lr=LR)
         loop.step = _plain_step(torch.compile(model), loop.optimizer, x, target)
@@ -148,15 +158,17 @@ def training(recipe: str, model: nn.Module, x: torch.Tensor, target: torch.Tenso
     return loop
 
 
-def inference(recipe: str, model: nn.Module, x: torch.Tensor) -> Loop:
-    """`model`'s forward on x under torch.no_grad() by `recipe`; ``step()`` returns the output (the cuda-graph and
-    reduce-overhead recipes' outputs are overwritten by the next call)."""
+def inference(recipe: str, model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> Loop:
+    """`model`'s forward on x under torch.no_grad() (and ``torch.autocast(dtype=autocast)`` when given) by `recipe`;
+    ``step()`` returns the output (the cuda-graph and reduce-overhead recipes' outputs are overwritten by the next
+    call)."""
     if recipe not in INFERENCE:
         raise ValueError(f"unknown inference recipe {recipe!r}; choose from {list(INFERENCE)}")
     if recipe in NEEDS_CUDA and x.device.type != "cuda":
         raise ValueError(f"the {recipe} recipe needs CUDA tensors (CUDA graphs), got {x.device}")
     loop = Loop(step=lambda: None, model=model)
     loop._stack.enter_context(torch.no_grad())
+    _under_autocast(loop, x.device, autocast)
     if recipe == "compile":
         compiled = torch.compile(model)
         loop.step = lambda: compiled(x)
