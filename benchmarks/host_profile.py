@@ -10,7 +10,6 @@ point alone, torch.ops' path, an output allocation, and one small aten op, for s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import pstats
@@ -20,30 +19,22 @@ import torch
 
 import torch_fused_ops
 from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT
-from torch_fused_ops.tools import recipes
-from torch_fused_ops.tools.bench_loop import CONFIGS, _model_and_data, _sync
-from torch_fused_ops.tools.bench_train import _fresh_compile
+from torch_fused_ops.tools.bench_loop import CONFIGS, _model_and_data, _sync, recipe_loop
 from torch_fused_ops.tools.timing import host_us
 
 
 def profile_recipe(kind, recipe, config, use_pass, device, batch, steps, top):
     torch._dynamo.reset()
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=CONFIGS[config][2]), _fresh_compile(), \
-            torch_fused_ops.fusion_enabled(use_pass):
-        model, x, target = _model_and_data(config, device, batch, DEFAULT_INPUT, kind == "train")
-        amp = CONFIGS[config][3]
-        loop = recipes.training(recipe, model, x, target, autocast=amp) if kind == "train" else \
-            recipes.inference(recipe, model, x, autocast=amp)
-        with contextlib.closing(loop):
-            for _ in range(5):
-                loop.step()
-            _sync(device)
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(steps):
-                loop.step()
-            _sync(device)
-            prof.disable()
+    with recipe_loop(kind, recipe, config, use_pass, device, batch, DEFAULT_INPUT) as loop:
+        for _ in range(5):
+            loop.step()
+        _sync(device)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            loop.step()
+        _sync(device)
+        prof.disable()
     for order in ("tottime", "cumtime"):
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(top)

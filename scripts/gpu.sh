@@ -218,41 +218,27 @@ if want bench; then
   fi
 fi
 
-# ---- training-step bench ----------------------------------------------------------------------------------
-if want train; then
-  t0=$SECONDS
-  lim=$(budget "${TRAIN_TIMEOUT:-300}")
-  if [ "$lim" = 0 ]; then skipped train; else
-    # shellcheck disable=SC2086
-    timeout "$lim" python3 -m torch_fused_ops.tools.bench_train ${TRAIN_ARGS:-} --out "$T" > "$T/bench_train.md" \
-      2> "$T/bench_train.log"
-    rc=$?; [ $rc = 0 ] || rc_all=1
-    note "train: rc=$rc in $((SECONDS - t0)) s"
-    cat "$T/bench_train.md" >> "$OUT/bench.md"
-    cat "$T/bench_train.md" >> "$summary"
-    # The rows measured before a timeout or a failure are in the progress log only.
-    if [ $rc = 0 ]; then tail -3 "$T/bench_train.log" >> "$summary"; else tail -40 "$T/bench_train.log" >> "$summary"; fi
-    cp "$T"/bench_train.json "$OUT/" 2>/dev/null
-  fi
-fi
-
-# ---- the loops users write --------------------------------------------------------------------------------
-if want loop; then
-  t0=$SECONDS
-  lim=$(budget "${LOOP_TIMEOUT:-240}")
-  if [ "$lim" = 0 ]; then skipped loop; else
-    # shellcheck disable=SC2086
-    timeout "$lim" python3 -m torch_fused_ops.tools.bench_loop ${LOOP_ARGS:-} --out "$T" > "$T/bench_loop.md" \
-      2> "$T/bench_loop.log"
-    rc=$?; [ $rc = 0 ] || rc_all=1
-    note "loop: rc=$rc in $((SECONDS - t0)) s"
-    cat "$T/bench_loop.md" >> "$OUT/bench.md"
-    cat "$T/bench_loop.md" >> "$summary"
-    # Rows measured before a timeout are in bench_loop.partial.json and the progress log.
-    if [ $rc = 0 ]; then tail -3 "$T/bench_loop.log" >> "$summary"; else tail -40 "$T/bench_loop.log" >> "$summary"; fi
-    cp "$T"/bench_loop.json "$OUT/" 2>/dev/null || cp "$T"/bench_loop.partial.json "$OUT/" 2>/dev/null
-  fi
-fi
+# ---- the training-step and loop benches --------------------------------------------------------------------
+# bench_module STEP MODULE TIMEOUT ARGS...: python -m torch_fused_ops.tools.MODULE ARGS --out $T, its tables into
+# bench.md and the summary, its JSON into $OUT (the partial rows when it stopped early).
+bench_module() {
+  local step=$1 module=$2 lim t0=$SECONDS rc
+  lim=$(budget "$3")
+  shift 3
+  if [ "$lim" = 0 ]; then skipped "$step"; return; fi
+  timeout "$lim" python3 -m "torch_fused_ops.tools.$module" "$@" --out "$T" > "$T/$module.md" 2> "$T/$module.log"
+  rc=$?; [ $rc = 0 ] || rc_all=1
+  note "$step: rc=$rc in $((SECONDS - t0)) s"
+  cat "$T/$module.md" >> "$OUT/bench.md"
+  cat "$T/$module.md" >> "$summary"
+  # The rows measured before a timeout or a failure are in the progress log only.
+  if [ $rc = 0 ]; then tail -3 "$T/$module.log" >> "$summary"; else tail -40 "$T/$module.log" >> "$summary"; fi
+  cp "$T/$module.json" "$OUT/" 2>/dev/null || cp "$T/$module.partial.json" "$OUT/" 2>/dev/null
+}
+# shellcheck disable=SC2086
+want train && bench_module train bench_train "${TRAIN_TIMEOUT:-300}" ${TRAIN_ARGS:-}
+# shellcheck disable=SC2086
+want loop && bench_module loop bench_loop "${LOOP_TIMEOUT:-240}" ${LOOP_ARGS:-}
 
 # ---- Nsight Compute ---------------------------------------------------------------------------------------
 if want ncu; then

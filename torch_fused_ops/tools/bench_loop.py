@@ -27,7 +27,8 @@ import torch
 import torch_fused_ops
 from torch_fused_ops.models import DEFAULT_BATCH, DEFAULT_INPUT, ConvTransposeLeakyMulLeakyPool
 from torch_fused_ops.tools import recipes
-from torch_fused_ops.tools.bench_train import _fresh_compile, _host_us_median, _jsonable, kernels_of
+from torch_fused_ops.tools.bench_train import (_fmt, _fresh_compile, _host_us_median, _jsonable, _log, _names,
+                                               kernels_of)
 from torch_fused_ops.tools.timing import host_us, median_us
 
 CONFIGS = {  # name: (label, parameter and input dtype, TF32 allowed, autocast dtype)
@@ -42,10 +43,6 @@ FUSED_KERNEL = "conv_transpose3d_post_pool_kernel"
 TARGETS = dict(graph_wall_over_device=1.15, graph_off_over_on=5.0, no_capture_wall_over_device=1.5,
                infer_b1_wall_over_kernel=1.5, reduce_overhead_over_default=1.05, eager_call_host_us=12.0)
 NO_CAPTURE = ("compile", "compile+opt", "reduce-overhead", "compiled-autograd", "compiled-autograd+cudagraphs")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def wall_us(step, device: torch.device, steps: int, blocks: int = 3) -> float:
@@ -88,6 +85,20 @@ def _model_and_data(config: str, device: torch.device, batch: int, spatial, trai
     return model, x, target
 
 
+@contextlib.contextmanager
+def recipe_loop(kind: str, recipe: str, config: str, use_pass: bool, device: torch.device, batch: int, spatial):
+    """The recipe built on the Model under the config's settings, the pass off or on, the compile caches off (a
+    cache hit would skip the pass); closed on exit. Callers reset Dynamo first."""
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=CONFIGS[config][2]), \
+            _fresh_compile(), torch_fused_ops.fusion_enabled(use_pass):
+        model, x, target = _model_and_data(config, device, batch, spatial, kind == "train")
+        amp = CONFIGS[config][3]
+        loop = recipes.training(recipe, model, x, target, autocast=amp) if kind == "train" else \
+            recipes.inference(recipe, model, x, autocast=amp)
+        with contextlib.closing(loop):
+            yield loop
+
+
 def measure(kind: str, recipe: str, config: str, use_pass: bool, device: torch.device, batch: int, spatial,
             steps: int) -> dict:
     """One row: build the recipe with the pass off or on, warm up, then time it."""
@@ -96,41 +107,35 @@ def measure(kind: str, recipe: str, config: str, use_pass: bool, device: torch.d
     nan = float("nan")
     row = dict(what=kind, recipe=recipe, config=config, config_label=CONFIGS[config][0], use_pass=use_pass,
                batch=batch, input=list(spatial))
-    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=CONFIGS[config][2]), \
-            _fresh_compile(), torch_fused_ops.fusion_enabled(use_pass):
-        before = torch_fused_ops.matched_count()
-        at_start = _compile_counts()
-        model, x, target = _model_and_data(config, device, batch, spatial, kind == "train")
-        amp = CONFIGS[config][3]
-        loop = recipes.training(recipe, model, x, target, autocast=amp) if kind == "train" else \
-            recipes.inference(recipe, model, x, autocast=amp)
-        with contextlib.closing(loop):
-            for _ in range(5):
-                loop.step()
+    before = torch_fused_ops.matched_count()
+    at_start = _compile_counts()
+    with recipe_loop(kind, recipe, config, use_pass, device, batch, spatial) as loop:
+        for _ in range(5):
+            loop.step()
+        _sync(device)
+        row["matched"] = torch_fused_ops.matched_count() - before
+        counts = _compile_counts()
+        row["while_compiling"] = {k: counts[k] - at_start[k] for k in counts}
+        row["wall_us"] = wall_us(loop.step, device, steps)
+        row["device_us"] = median_us(loop.step, device, warmup=2, reps=10, hide_host=True) if cuda else nan
+        row["host_us"] = _host_us_median(loop.step, device) if cuda else nan
+        after = _compile_counts()
+        # Whatever compiled during the timed steps happens on every step in a user's loop too.
+        row["during_timed_steps"] = {k: after[k] - counts[k] for k in counts}
+        row["peak_MiB"] = nan
+        row["fused_kernel_us"] = nan
+        if cuda:
             _sync(device)
-            row["matched"] = torch_fused_ops.matched_count() - before
-            counts = _compile_counts()
-            row["while_compiling"] = {k: counts[k] - at_start[k] for k in counts}
-            row["wall_us"] = wall_us(loop.step, device, steps)
-            row["device_us"] = median_us(loop.step, device, warmup=2, reps=10, hide_host=True) if cuda else nan
-            row["host_us"] = _host_us_median(loop.step, device) if cuda else nan
-            after = _compile_counts()
-            # Whatever compiled during the timed steps happens on every step in a user's loop too.
-            row["during_timed_steps"] = {k: after[k] - counts[k] for k in counts}
-            row["peak_MiB"] = nan
-            row["fused_kernel_us"] = nan
-            if cuda:
-                _sync(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                base = torch.cuda.memory_allocated(device)
-                loop.step()
-                _sync(device)
-                row["peak_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-                kernels = kernels_of(loop.step, device)
-                row["kernel_sum_us"] = sum(k["us"] for k in kernels)
-                row["fused_kernel_us"] = sum(k["us"] for k in kernels if FUSED_KERNEL in k["name"]) or nan
-                row["kernels"] = kernels[:8]
-                row["host_ops"] = host_ops_of(loop.step, device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            loop.step()
+            _sync(device)
+            row["peak_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+            kernels = kernels_of(loop.step, device)
+            row["kernel_sum_us"] = sum(k["us"] for k in kernels)
+            row["fused_kernel_us"] = sum(k["us"] for k in kernels if FUSED_KERNEL in k["name"]) or nan
+            row["kernels"] = kernels[:8]
+            row["host_ops"] = host_ops_of(loop.step, device)
     off_pass = "on" if use_pass else "off"
     _log(f"  {kind:5s} {config:5s} b{batch:<3d} {recipe:30s} pass {off_pass:3s} wall {row['wall_us']:9.1f} us  "
          f"device {row['device_us']:9.1f}  host {row['host_us']:9.1f}  peak {row['peak_MiB']:7.1f} MiB  "
@@ -168,10 +173,6 @@ def eager_call_host_us(device: torch.device, batch: int, spatial) -> tuple[float
                 fn()
             out.append(statistics.median(host_us(fn, device, n=200, busy_ms=50.0) for _ in range(7)))
     return out[0], out[1]
-
-
-def _fmt(v, digits: int = 1) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
 def _find(rows, **want):
@@ -258,14 +259,6 @@ def target_checks(rows: list[dict], meta: dict) -> list[str]:
     if meta.get("eager_call_host_us") is not None:
         check("host µs of one eager fused call", meta["eager_call_host_us"], TARGETS["eager_call_host_us"])
     return out
-
-
-def _names(arg: str, table, what: str, ap: argparse.ArgumentParser) -> list[str]:
-    names = [v for v in arg.split(",") if v]
-    unknown = [v for v in names if v not in table]
-    if unknown:
-        ap.error(f"unknown {what} {unknown}; choose from {list(table)}")
-    return names
 
 
 def main(argv=None) -> int:
