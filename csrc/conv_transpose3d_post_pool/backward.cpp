@@ -170,20 +170,22 @@ at::Tensor convolution_backward(const at::Tensor& grad_y, const at::Tensor& inpu
 void grad_conv_composite(const at::Tensor& grad_output, const at::Tensor& selected, const at::Tensor& multiplier,
                          double s1, double s2, at::Tensor& grad_conv, at::Tensor& grad_bias,
                          at::Tensor& grad_multiplier) {
-  // post_pool.h's grad_input_of / grad_multiplier_of op by op in opmath: each aten step rounds as the scalar code
-  // does (no FMA: only one operation per step).
+  // post_pool.h's grad_input_via / grad_multiplier_via op by op in opmath: each aten step rounds as the scalar code
+  // does (no FMA: only one operation per step); the mixed form rounds through selected's dtype where they do.
   const auto acc = at::toOpMathType(grad_output.scalar_type());
+  const bool mixed = selected.scalar_type() != grad_output.scalar_type();
+  const auto mid = [&](const at::Tensor& t) { return mixed ? t.to(selected.scalar_type()).to(acc) : t; };
   const int64_t C = grad_output.size(1);
   const at::Tensor flat = post_pool::flat_multiplier(multiplier).to(acc);
   const at::Tensor m = flat.numel() == 1 ? flat.reshape({}) : flat.view({1, C, 1, 1, 1});
   const at::Tensor x = selected.to(acc);
   const at::Tensor g = grad_output.to(acc).add(0);  // eager accumulates into zeros: -0 becomes +0
-  const at::Tensor y1 = at::where(x > 0, x, x.mul(s1));
+  const at::Tensor y1 = mid(at::where(x > 0, x, x.mul(s1)));
   const at::Tensor y2 = y1.mul(m);
   const at::Tensor gy2 = at::where(y2 > 0, g, g.mul(s2));
-  const at::Tensor gy1 = gy2.mul(m);
+  const at::Tensor gy1 = mid(gy2.mul(m));
   grad_conv.copy_(at::where(x > 0, gy1, gy1.mul(s1)));
-  grad_bias = grad_conv.to(acc).sum(at::IntArrayRef({0, 2, 3, 4})).to(grad_output.scalar_type());
+  grad_bias = grad_conv.to(acc).sum(at::IntArrayRef({0, 2, 3, 4})).to(selected.scalar_type());
   grad_multiplier = post_pool::reduce_grad_multiplier(gy2.mul(y1), multiplier);
 }
 
@@ -202,25 +204,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_transpose3d_post_pool_grad_c
   TORCH_CHECK_TYPE(offsets.scalar_type() == at::kByte, op, ": offsets must be uint8 (2x2x2 windows), got ",
                    offsets.scalar_type());
   // post_pool's own checks of the dtype and the multiplier (one element, or C along the channel dim), with a
-  // kernel of 1 so that grad_output's sizes are the pooled ones.
-  post_pool::check_post_pool_sizes(op, grad_output.sizes(), grad_output.scalar_type(), grad_output.device(), multiplier,
+  // kernel of 1 so that grad_output's sizes are the pooled ones. The convolution's dtype is selected's;
+  // grad_output has the output's (float32 in the mixed form).
+  const at::ScalarType dtype = selected.scalar_type();
+  post_pool::check_post_pool_sizes(op, grad_output.sizes(), dtype, grad_output.device(), multiplier,
                                    {1}, {}, {0}, {1}, false, false);
-  post_pool::check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
+  const at::ScalarType out_dtype = post_pool::output_dtype(dtype, multiplier.scalar_type());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == out_dtype, op, ": grad_output must be ", out_dtype,
+                   " (the forward output's dtype for a ", dtype, " convolution and a ", multiplier.scalar_type(),
+                   " multiplier), got ", grad_output.scalar_type());
+  post_pool::check_slopes(op, dtype, negative_slope, negative_slope2);
   const double s2 = negative_slope2.value_or(negative_slope);
 
   const c10::DeviceGuard guard(grad_output.device());
-  const auto options = grad_output.options();
+  // grad_conv and grad_bias in the convolution's dtype, grad_multiplier in the multiplier's.
+  const auto options = selected.options();
+  const auto m_options = multiplier.options();
   at::Tensor grad_conv = dense_layout(offsets) ? at::empty_strided(offsets.sizes(), offsets.strides(), options)
                                                : at::empty(offsets.sizes(), options);
   const int64_t C = grad_output.size(1);
   if (grad_conv.numel() == 0) {
-    return {grad_conv, at::zeros({C}, options), at::zeros(multiplier.sizes(), options)};
+    return {grad_conv, at::zeros({C}, options), at::zeros(multiplier.sizes(), m_options)};
   }
   at::Tensor grad_bias, grad_multiplier;
 #ifdef WITH_CUDA
-  if (grad_output.is_cuda() && kernel_dtype(grad_output.scalar_type())) {
+  if (grad_output.is_cuda() && kernel_dtype(dtype)) {
     grad_bias = at::empty({C}, options);
-    grad_multiplier = at::empty(multiplier.sizes(), options);
+    grad_multiplier = at::empty(multiplier.sizes(), m_options);
     const at::Tensor m = multiplier.is_contiguous() ? multiplier : post_pool::flat_multiplier(multiplier);
     launch_conv_transpose3d_post_pool_grad_conv_cuda(
         strided_like(grad_output, grad_conv), strided_like(selected, grad_conv), strided_like(offsets, grad_conv), m,

@@ -14,7 +14,8 @@ namespace fused {
 // with convolution kernel 3, stride 2, padding 1, groups 1, dilation 1, output_padding 0 or 1 per dim.
 // Preconditions (the caller checks them; the launcher only TORCH_INTERNAL_ASSERTs):
 //   - every tensor on the current CUDA device (the caller holds the device guard), one dtype for input, weight,
-//     bias, multiplier, out and selected: float32, bfloat16 or float16;
+//     bias, multiplier, out and selected: float32, bfloat16 or float16; or the mixed form (torch.autocast's
+//     chain): bfloat16/float16 input, weight, bias and selected with a float32 multiplier and out;
 //   - input [N, Cin, D, H, W], contiguous or channels_last_3d; weight [Cin, Cout, 3, 3, 3], contiguous or
 //     channels_last_3d (read in place: no host-side packing);
 //   - bias undefined, or 1-D contiguous with Cout elements; multiplier contiguous with 1 or Cout elements;

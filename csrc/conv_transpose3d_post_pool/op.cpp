@@ -75,7 +75,9 @@ Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, 
   const c10::DeviceGuard guard(input.device());
   const auto options = input.options().memory_format(g.format);
   const auto size = g.pooled_size();
-  at::Tensor out = at::empty(size, options);
+  // The mixed form (a float32 multiplier for a float16/bfloat16 input) writes its output in float32.
+  at::Tensor out =
+      at::empty(size, options.dtype(post_pool::output_dtype(input.scalar_type(), multiplier.scalar_type())));
   at::Tensor selected, offsets;
   if (with_offsets) {
     selected = at::empty(size, options);

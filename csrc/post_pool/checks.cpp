@@ -84,9 +84,15 @@ PoolGeometry check_common(const char* op, at::IntArrayRef sizes, at::ScalarType 
                     "-D input of shape ", shape_str(sizes));
   TORCH_CHECK_TYPE(at::isFloatingType(dtype), op,
                    ": expected a floating-point input (float16, bfloat16, float32 or float64), got ", dtype);
-  TORCH_CHECK_TYPE(multiplier.scalar_type() == dtype, op,
-                   ": multiplier dtype must equal input dtype (no type promotion), got multiplier ",
+  TORCH_CHECK_TYPE(multiplier.scalar_type() == dtype || is_mixed(dtype, multiplier.scalar_type()), op,
+                   ": multiplier dtype must equal input dtype, or be float32 for a float16/bfloat16 input (the "
+                   "mixed precision torch.autocast computes), got multiplier ",
                    multiplier.scalar_type(), " and input ", dtype);
+  // Eager's type promotion lets a 0-dim tensor promote nothing (input * it keeps the input's dtype), so the mixed
+  // form needs a multiplier of at least one dim.
+  TORCH_CHECK_TYPE(multiplier.scalar_type() == dtype || multiplier.dim() > 0, op, ": a 0-dim ",
+                   multiplier.scalar_type(), " multiplier does not promote a ", dtype,
+                   " input (eager keeps the input's dtype); give it the input's dtype or a shape such as (1,)");
   TORCH_CHECK_VALUE(multiplier.device() == device, op,
                     ": multiplier must be on the input's device, got multiplier on ", multiplier.device(),
                     " and input on ", device);
@@ -163,9 +169,10 @@ void check_saved_pooled(const char* op, const at::Tensor& grad_output, const at:
                         offsets.sizes() == grad_output.sizes(),
                     op, ": grad_output ", shape_str(grad_output.sizes()), ", selected ", shape_str(selected.sizes()),
                     " and offsets ", shape_str(offsets.sizes()), " must be 5-D with equal shapes");
-  TORCH_CHECK_TYPE(selected.scalar_type() == grad_output.scalar_type(), op,
-                   ": grad_output and selected must share one dtype, got ", grad_output.scalar_type(), " and ",
-                   selected.scalar_type());
+  TORCH_CHECK_TYPE(selected.scalar_type() == grad_output.scalar_type() ||
+                       is_mixed(selected.scalar_type(), grad_output.scalar_type()),
+                   op, ": grad_output and selected must share one dtype (or be float32 and float16/bfloat16: the "
+                   "mixed form), got ", grad_output.scalar_type(), " and ", selected.scalar_type());
   TORCH_CHECK_VALUE(selected.device() == grad_output.device() && offsets.device() == grad_output.device(), op,
                     ": grad_output, selected and offsets must be on one device");
 }
@@ -177,8 +184,12 @@ PoolGeometry check_post_pool_backward_args(const at::Tensor& grad_output, const 
                                            bool channels_last) {
   const char* op = "fused::post_pool_backward";
   check_saved_pooled(op, grad_output, selected, offsets);
-  PoolGeometry g = check_common(op, input_size, grad_output.scalar_type(), grad_output.device(), multiplier,
+  PoolGeometry g = check_common(op, input_size, selected.scalar_type(), grad_output.device(), multiplier,
                                 kernel_size, stride, padding, dilation);
+  const at::ScalarType out_dtype = output_dtype(selected.scalar_type(), multiplier.scalar_type());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == out_dtype, op, ": grad_output must be ", out_dtype,
+                   " (the forward output's dtype for a ", selected.scalar_type(), " input and a ",
+                   multiplier.scalar_type(), " multiplier), got ", grad_output.scalar_type());
   // ceil_mode is not an argument here: the pooled sizes come from grad_output.
   g.OD = grad_output.size(2);
   g.OH = grad_output.size(3);

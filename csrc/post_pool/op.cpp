@@ -27,10 +27,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const char* op, bool save
   const PoolGeometry& g = f.g;
   const c10::OptionalDeviceGuard guard(input.device());
   ForwardOutputs o;
-  o.out = at::empty({g.N, g.C, g.OD, g.OH, g.OW}, input.options().memory_format(f.format));
+  o.out = at::empty({g.N, g.C, g.OD, g.OH, g.OW},
+                    input.options()
+                        .dtype(output_dtype(input.scalar_type(), multiplier.scalar_type()))
+                        .memory_format(f.format));
   advise_huge_pages(o.out);
   if (save) {
-    o.selected = at::empty_like(o.out);
+    o.selected = at::empty_like(o.out, o.out.options().dtype(input.scalar_type()));
     o.offsets = at::empty_like(o.out, o.out.options().dtype(g.offset_dtype()));
     advise_huge_pages(o.selected);
     advise_huge_pages(o.offsets);
@@ -59,11 +62,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
   BackwardInputs b;
   b.g = check_post_pool_backward_args(grad_output, selected, offsets, multiplier, input_size, kernel_size, stride,
                                       padding, dilation, channels_last);
-  if (bias.has_value()) check_bias(op, *bias, b.g.C, grad_output.scalar_type(), grad_output.device());
-  check_slopes(op, grad_output.scalar_type(), negative_slope, negative_slope2);
+  // grad_input and a bias take the input's dtype, saved as selected's (grad_output's may be the promoted one).
+  if (bias.has_value()) check_bias(op, *bias, b.g.C, selected.scalar_type(), grad_output.device());
+  check_slopes(op, selected.scalar_type(), negative_slope, negative_slope2);
   const c10::OptionalDeviceGuard guard(grad_output.device());
   b.format = channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
-  at::Tensor grad_input = at::empty(input_size, grad_output.options().memory_format(b.format));
+  at::Tensor grad_input = at::empty(input_size, selected.options().memory_format(b.format));
   advise_huge_pages(grad_input);
   b.multiplier = multiplier;
   if (bias.has_value()) b.bias = *bias;

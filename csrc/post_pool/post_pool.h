@@ -77,6 +77,17 @@ PoolGeometry check_post_pool_backward_args(
     at::IntArrayRef dilation,
     bool channels_last);
 
+// Mixed precision (torch.autocast's chain): a float16/bfloat16 input with a float32 multiplier. The output (and
+// grad_output) take the multiplier's dtype; selected, grad_input and a bias keep the input's; the first
+// LeakyReLU is rounded to the input's dtype (epilogue.h, epilogue_via). Every other pair of dtypes must match.
+inline bool is_mixed(at::ScalarType input, at::ScalarType multiplier) {
+  return (input == at::kHalf || input == at::kBFloat16) && multiplier == at::kFloat;
+}
+// The output's dtype for an input and multiplier that passed the checks.
+inline at::ScalarType output_dtype(at::ScalarType input, at::ScalarType multiplier) {
+  return is_mixed(input, multiplier) ? multiplier : input;
+}
+
 // The memory format the output takes: the one max_pool3d would give for this input.
 at::MemoryFormat output_memory_format(const at::Tensor& input);
 
@@ -174,8 +185,8 @@ struct WindowMax {
 
 // Scans one window. `plane` points at element (n, c, 0, 0, 0); sD/sH/sW are element strides. KD/KH/KW > 0 fix
 // the window at compile time and promise every tap is inside the input (exact tiling); 0 means runtime sizes
-// with bounds checks.
-template <int KD, int KH, int KW, typename scalar_t, typename acc_t>
+// with bounds checks. mid_t: the mixed-precision rounding (epilogue_via).
+template <int KD, int KH, int KW, typename scalar_t, typename acc_t, typename mid_t = acc_t>
 C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
     const scalar_t* __restrict__ plane,
     int64_t sD, int64_t sH, int64_t sW,
@@ -199,7 +210,7 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
 #pragma unroll
         for (int jw = 0; jw < KW; ++jw) {
           const scalar_t xv = p[jd * sD + jh * sH + jw * sW];
-          const acc_t v = epilogue(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
+          const acc_t v = epilogue_via<mid_t>(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
           // Selects, not a branch: on random data the branch mispredicts about half the time.
           const bool take = takes_max(v, r.value);
           r.value = take ? v : r.value;
@@ -221,7 +232,7 @@ C10_HOST_DEVICE inline WindowMax<scalar_t, acc_t> scan_window(
         const scalar_t* ph_ = pd_ + (t.h0 + jh * g.dh) * sH;
         for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
           const scalar_t xv = ph_[(t.w0 + jw * g.dw) * sW];
-          const acc_t v = epilogue(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
+          const acc_t v = epilogue_via<mid_t>(pre_activation(static_cast<acc_t>(xv), b, has_bias), m, s1, s2);
           const bool take = takes_max(v, r.value);
           r.value = take ? v : r.value;
           r.input = take ? xv : r.input;
@@ -303,10 +314,12 @@ C10_HOST_DEVICE inline OutputSpan covering_outputs(int64_t x, int64_t p, int64_t
 
 // Gradient reaching input element (n, c, d, h, w): sums grad_output over the outputs whose window selected it,
 // in increasing output order (the order eager max_pool3d_backward accumulates in), then applies the chain rule
-// once with the input value saved by the forward. KD/KH/KW > 0: exact tiling, one candidate window.
-template <bool CL, int KD, int KH, int KW, typename scalar_t, typename acc_t, typename off_t>
+// once with the input value saved by the forward. KD/KH/KW > 0: exact tiling, one candidate window. go_t is the
+// output's dtype (the input's, or float32 in the mixed form, whose mid_t rounding is grad_input_via's).
+template <bool CL, int KD, int KH, int KW, typename go_t, typename scalar_t, typename acc_t, typename off_t,
+          typename mid_t = acc_t>
 C10_HOST_DEVICE inline acc_t gather_grad(
-    const scalar_t* __restrict__ grad_out,
+    const go_t* __restrict__ grad_out,
     const scalar_t* __restrict__ selected,
     const off_t* __restrict__ offsets,
     const PoolGeometry& g,
@@ -355,7 +368,7 @@ C10_HOST_DEVICE inline acc_t gather_grad(
       }
     }
   }
-  return hit ? grad_input_of(sum, pre_activation(xsel, b, has_bias), m, s1, s2) : acc_t(0);
+  return hit ? grad_input_via<mid_t>(sum, pre_activation(xsel, b, has_bias), m, s1, s2) : acc_t(0);
 }
 
 // True when the tap recorded for an output lies inside the input (it does not for windows that are all padding,

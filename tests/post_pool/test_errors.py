@@ -35,7 +35,10 @@ CASES = {
     "mult_6d": (_x(), _m((1, 1, C, 1, 1, 1)), K3, r"multiplier", (1, 1, C, 1, 1, 1), True),
     "mult_wrong_C": (_x(), _m((C + 1, 1, 1, 1)), K3, r"multiplier", (C + 1, 1, 1, 1), True),
     "mult_dtype_mismatch": (_x(), _m(dtype=torch.float64), K3, r"(?i)dtype", None, False),
-    "mult_half_input_float": (_x(dtype=torch.float16), _m(), K3, r"(?i)dtype", None, False),
+    # A float32 multiplier of a float16/bfloat16 input is the mixed form (test_mixed_precision.py); these are not.
+    "mult_float_input_half": (_x(), _m(dtype=torch.float16), K3, r"(?i)dtype", None, False),
+    "mult_half_input_double": (_x(dtype=torch.bfloat16), _m(dtype=torch.float64), K3, r"(?i)dtype", None, False),
+    "mult_half_input_0d_float": (_x(dtype=torch.float16), _m(()), K3, r"(?i)0-dim", None, False),
     "integer_tensors": (_x().mul(3).to(torch.int32), _m().to(torch.int32), K3,
                         r"(?i)dtype|floating|integer|'Int'", None, True),
     "integer_multiplier": (_x(), _m().mul(3).to(torch.int64), K3, r"(?i)dtype|floating|integer|'Long'", None, False),

@@ -347,6 +347,12 @@ def _fusable_conv_transpose(match: Match, cfg: pass_config.PassConfig) -> tuple[
     if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != xv.dtype or t.device != xv.device)
            for t in (wv, bv)):
         return None, ("its weight or bias differs from its input in dtype or device",)
+    # Its output's dtype differs from its input's only where torch.autocast cast the call (float32 operands, a
+    # float16/bfloat16 result): the fused op's autocast kernel casts the same operands to the same dtype there.
+    if conv_out.dtype != xv.dtype and not (xv.dtype == torch.float32 and
+                                           conv_out.dtype in (torch.float16, torch.bfloat16)):
+        return None, (f"it computes {nodes._dtype(conv_out)} from {nodes._dtype(xv)} operands, not as torch.autocast "
+                      "casts a float32 convolution",)
     reasons: list[str] = []
     # Dynamo traced the convolution's example output under the caller's grad mode, so it requires grad exactly
     # when autograd records it (the grad mode while this pass runs is not the caller's).

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
+from ..ops import common
 from ..ops.common import dtype_name as _dtype
 from ..ops.common import expand3
 from ..ops.common import known_true as _known
@@ -185,15 +186,16 @@ def _slope(v: Any) -> Any:
     return None
 
 
-def _input_problem(x: Any, out: Any) -> str | None:
-    """Why a step's input is not a 5-D floating-point tensor whose step keeps its dtype; None if it is."""
+def _input_problem(x: Any, out: Any, out_dtype: torch.dtype | None = None) -> str | None:
+    """Why a step's input is not a 5-D floating-point tensor whose step gives `out_dtype` (default: keeps x's
+    dtype); None if it is."""
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
         return "its input or output has no example tensor"
     if x.dim() != 5:
         return f"its input is {x.dim()}-D; the fused ops take 5-D tensors"
     if not x.dtype.is_floating_point:
         return f"its input is {_dtype(x)}, not floating point"
-    if out.dtype != x.dtype:
+    if out.dtype != (x.dtype if out_dtype is None else out_dtype):
         return f"it changes the dtype ({_dtype(x)} -> {_dtype(out)})"
     return None
 
@@ -203,9 +205,14 @@ def _multiplier_problem(x: Any, m: Any, out: Any) -> str | None:
     None if it does."""
     if not isinstance(m, torch.Tensor):
         return f"the multiplier is {type(m).__name__}, not a tensor"
-    if isinstance(x, torch.Tensor) and m.dtype != x.dtype:
-        return f"the multiply promotes {_dtype(x)} * {_dtype(m)}"
-    why = _input_problem(x, out)
+    # torch.autocast's chain: a float16/bfloat16 activation times a float32 parameter promotes to float32, which
+    # the fused ops compute (their mixed form); any other promotion stays in the graph.
+    # (A 0-dim multiplier promotes nothing: that product keeps x's dtype, so its dtypes differ and it stays.)
+    mixed = isinstance(x, torch.Tensor) and common.is_mixed(x.dtype, m.dtype) and m.dim() > 0
+    if isinstance(x, torch.Tensor) and m.dtype != x.dtype and not mixed:
+        return (f"the multiply promotes {_dtype(x)} * {_dtype(m)} (of the promoting products only a float32 "
+                "multiplier of a float16/bfloat16 input fuses)")
+    why = _input_problem(x, out, m.dtype if mixed else None)
     if why is not None:
         return why
     if m.device != x.device:

@@ -77,16 +77,31 @@ def check_slopes(op: str, dtype: torch.dtype, negative_slope: float, negative_sl
                                "without overflow")
 
 
+def is_mixed(input_dtype: torch.dtype, multiplier_dtype: torch.dtype) -> bool:
+    """The mixed form torch.autocast's chain computes (mirrors is_mixed in csrc/post_pool/post_pool.h): a float16 or
+    bfloat16 input with a float32 multiplier; the output is float32, the first LeakyReLU rounded to the input's
+    dtype."""
+    return input_dtype in (torch.float16, torch.bfloat16) and multiplier_dtype == torch.float32
+
+
+def output_dtype(input_dtype: torch.dtype, multiplier_dtype: torch.dtype) -> torch.dtype:
+    """The forward output's dtype for an input and multiplier that passed the checks."""
+    return multiplier_dtype if is_mixed(input_dtype, multiplier_dtype) else input_dtype
+
+
 def check_tensors(op: str, sizes: Sequence, dtype: torch.dtype, device: torch.device, multiplier: torch.Tensor):
     if len(sizes) != 5:
         raise ValueError(f"{op}: expected a 5-D input (N, C, D, H, W), got {len(sizes)}-D input of shape {list(sizes)}")
     if not dtype.is_floating_point:
         raise TypeError(f"{op}: expected a floating-point input (float16, bfloat16, float32 or float64), got {dtype}")
-    if multiplier.dtype != dtype:
+    if multiplier.dtype != dtype and not is_mixed(dtype, multiplier.dtype):
         raise TypeError(
-            f"{op}: multiplier dtype must equal input dtype (no type promotion), got multiplier {multiplier.dtype} "
-            f"and input {dtype}"
+            f"{op}: multiplier dtype must equal input dtype, or be float32 for a float16/bfloat16 input (the mixed "
+            f"precision torch.autocast computes), got multiplier {multiplier.dtype} and input {dtype}"
         )
+    if multiplier.dtype != dtype and multiplier.dim() == 0:
+        raise TypeError(f"{op}: a 0-dim {multiplier.dtype} multiplier does not promote a {dtype} input (eager keeps "
+                        "the input's dtype); give it the input's dtype or a shape such as (1,)")
     if multiplier.device != device:
         raise ValueError(
             f"{op}: multiplier must be on the input's device, got multiplier on {multiplier.device} and input on {device}"

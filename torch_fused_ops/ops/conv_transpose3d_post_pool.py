@@ -188,7 +188,7 @@ def _fake_forward(with_offsets, input, weight, bias, stride, padding, output_pad
                                           dilation, multiplier, kernel_size, pool_stride, pool_padding,
                                           pool_dilation, ceil_mode)
     like = dict(device=input.device, memory_format=fmt)
-    out = torch.empty(shape, dtype=input.dtype, **like)
+    out = torch.empty(shape, dtype=common.output_dtype(input.dtype, multiplier.dtype), **like)
     if not with_offsets:
         return out
     return out, torch.empty(shape, dtype=input.dtype, **like), torch.empty(shape, dtype=common.offset_dtype(k),
@@ -276,21 +276,27 @@ def _grad_conv_fake(grad_output, selected, offsets, multiplier, negative_slope, 
     if not (grad_output.dim() == 5 and selected.shape == grad_output.shape and offsets.shape == grad_output.shape):
         raise ValueError(f"{op}: grad_output {list(grad_output.shape)}, selected {list(selected.shape)} and offsets "
                          f"{list(offsets.shape)} must be 5-D with equal shapes")
-    if selected.dtype != grad_output.dtype:
-        raise TypeError(f"{op}: grad_output and selected must share one dtype, got {grad_output.dtype} and "
-                        f"{selected.dtype}")
-    if offsets.dtype != torch.uint8:
-        raise TypeError(f"{op}: offsets must be uint8 (2x2x2 windows), got {offsets.dtype}")
+    if selected.dtype != grad_output.dtype and not common.is_mixed(selected.dtype, grad_output.dtype):
+        raise TypeError(f"{op}: grad_output and selected must share one dtype (or be float32 and float16/bfloat16: "
+                        f"the mixed form), got {grad_output.dtype} and {selected.dtype}")
     if not (selected.device == grad_output.device and offsets.device == grad_output.device):
         raise ValueError(f"{op}: grad_output, selected and offsets must be on one device")
-    common.check_tensors(op, grad_output.shape, grad_output.dtype, grad_output.device, multiplier)
-    common.check_slopes(op, grad_output.dtype, negative_slope, negative_slope2)
-    like = dict(dtype=grad_output.dtype, device=grad_output.device)
+    if offsets.dtype != torch.uint8:
+        raise TypeError(f"{op}: offsets must be uint8 (2x2x2 windows), got {offsets.dtype}")
+    # The convolution's dtype is selected's; grad_output has the output's (float32 in the mixed form).
+    common.check_tensors(op, grad_output.shape, selected.dtype, grad_output.device, multiplier)
+    out_dtype = common.output_dtype(selected.dtype, multiplier.dtype)
+    if grad_output.dtype != out_dtype:
+        raise TypeError(f"{op}: grad_output must be {out_dtype} (the forward output's dtype for a {selected.dtype} "
+                        f"convolution and a {multiplier.dtype} multiplier), got {grad_output.dtype}")
+    common.check_slopes(op, selected.dtype, negative_slope, negative_slope2)
+    like = dict(dtype=selected.dtype, device=grad_output.device)
     if _is_dense(offsets):
         grad_conv = torch.empty_strided(offsets.shape, offsets.stride(), **like)
     else:
         grad_conv = torch.empty(offsets.shape, **like)
-    return grad_conv, torch.empty(grad_output.shape[1], **like), torch.empty(multiplier.shape, **like)
+    return (grad_conv, torch.empty(grad_output.shape[1], **like),
+            torch.empty(multiplier.shape, dtype=multiplier.dtype, device=grad_output.device))
 
 
 @torch.library.register_fake(_GRAD_WEIGHT_OP)

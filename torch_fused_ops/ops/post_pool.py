@@ -41,7 +41,9 @@ def post_pool(
     Args:
         input: (N, C, D, H, W) tensor, float16/bfloat16/float32/float64, CPU or CUDA. Contiguous and
             channels_last_3d inputs are read in place; other strides are copied first.
-        multiplier: same dtype and device; one element (any rank) or C elements on the channel dim,
+        multiplier: same device; the input's dtype, or float32 for a float16/bfloat16 input (the mixed
+            precision of ``torch.autocast``: the output is float32 and the first LeakyReLU is rounded to the
+            input's dtype, as eager computes it); one element (any rank) or C elements on the channel dim,
             e.g. (C, 1, 1, 1) or (1, C, 1, 1, 1).
         negative_slope: slope s1 of the first LeakyReLU (any float).
         kernel_size, stride, padding, dilation, ceil_mode: as ``torch.nn.functional.max_pool3d``
@@ -98,7 +100,8 @@ def _post_pool_fake(input, multiplier, negative_slope, kernel_size, stride=(), p
     shape, fmt = common.output_shape("fused::post_pool", input, multiplier, kernel_size, stride, padding,
                                         dilation, ceil_mode)
     common.check_slopes("fused::post_pool", input.dtype, negative_slope, negative_slope2)
-    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+    return torch.empty(shape, dtype=common.output_dtype(input.dtype, multiplier.dtype), device=input.device,
+                       memory_format=fmt)
 
 
 @torch.library.register_fake("fused::post_pool_with_offsets")
@@ -107,7 +110,8 @@ def _post_pool_with_offsets_fake(input, multiplier, negative_slope, kernel_size,
     shape, fmt = common.output_shape("fused::post_pool_with_offsets", input, multiplier, kernel_size, stride,
                                         padding, dilation, ceil_mode)
     common.check_slopes("fused::post_pool_with_offsets", input.dtype, negative_slope, negative_slope2)
-    out = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+    out = torch.empty(shape, dtype=common.output_dtype(input.dtype, multiplier.dtype), device=input.device,
+                      memory_format=fmt)
     selected = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
     offsets = torch.empty(shape, dtype=common.offset_dtype(kernel_size), device=input.device, memory_format=fmt)
     return out, selected, offsets
@@ -117,15 +121,20 @@ def _post_pool_with_offsets_fake(input, multiplier, negative_slope, kernel_size,
 def _post_pool_backward_fake(grad_output, selected, offsets, multiplier, negative_slope, negative_slope2,
                              input_size, kernel_size, stride, padding, dilation, channels_last):
     op = "fused::post_pool_backward"
-    common.check_tensors(op, input_size, grad_output.dtype, grad_output.device, multiplier)
+    # The input's dtype is selected's; grad_output has the output's (float32 in the mixed form).
+    common.check_tensors(op, input_size, selected.dtype, grad_output.device, multiplier)
+    out_dtype = common.output_dtype(selected.dtype, multiplier.dtype)
+    if grad_output.dtype != out_dtype:
+        raise TypeError(f"{op}: grad_output must be {out_dtype} (the forward output's dtype for a {selected.dtype} "
+                        f"input and a {multiplier.dtype} multiplier), got {grad_output.dtype}")
     common.pool_params(op, kernel_size, stride, padding, dilation)
-    common.check_slopes(op, grad_output.dtype, negative_slope, negative_slope2)
+    common.check_slopes(op, selected.dtype, negative_slope, negative_slope2)
     torch._check_value(
         grad_output.dim() == 5 and selected.shape == grad_output.shape and offsets.shape == grad_output.shape,
         lambda: f"{op}: grad_output, selected and offsets must be 5-D with equal shapes",
     )
     fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
-    grad_input = torch.empty(input_size, dtype=grad_output.dtype, device=grad_output.device, memory_format=fmt)
+    grad_input = torch.empty(input_size, dtype=selected.dtype, device=grad_output.device, memory_format=fmt)
     grad_multiplier = torch.empty(multiplier.shape, dtype=multiplier.dtype, device=multiplier.device)
     return grad_input, grad_multiplier
 
@@ -151,7 +160,7 @@ def _post_pool_bias_with_offsets_fake(input, bias, multiplier, negative_slope, k
 @torch.library.register_fake("fused::post_pool_bias_backward")
 def _post_pool_bias_backward_fake(grad_output, selected, offsets, bias, multiplier, negative_slope, negative_slope2,
                                   input_size, kernel_size, stride, padding, dilation, channels_last):
-    common.check_bias("fused::post_pool_bias_backward", bias, input_size[1], grad_output.dtype,
+    common.check_bias("fused::post_pool_bias_backward", bias, input_size[1], selected.dtype,
                          grad_output.device)
     grad_input, grad_multiplier = _post_pool_backward_fake(
         grad_output, selected, offsets, multiplier, negative_slope, negative_slope2, input_size, kernel_size, stride,

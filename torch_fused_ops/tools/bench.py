@@ -142,7 +142,12 @@ MODEL_CONFIGS = {
     "fp32-b1-graphs": (torch.float32, 1, True, "reduce-overhead"),
     "fp32-graphs": (torch.float32, None, True, "reduce-overhead"),
     "fp32-strict": (torch.float32, None, False, None),
+    "autocast-bf16": (torch.float32, None, True, None),
+    "autocast-fp16": (torch.float32, None, True, None),
 }
+# Configurations that run the float32 Model inside torch.autocast with this dtype (mixed precision as most users
+# run it).
+MODEL_AUTOCAST = {"autocast-bf16": torch.bfloat16, "autocast-fp16": torch.float16}
 
 
 def bench_model(device, reps, use_compile=True, configs=("fp32",)):
@@ -188,7 +193,15 @@ def _bench_model_config(device, reps, use_compile, config, dtype, batch, extra_v
                 contextlib.ExitStack() as stack:
             for cm in fresh:
                 stack.enter_context(cm)
-            fn = model if use_pass is None else torch.compile(model, mode=mode)
+            compiled = model if use_pass is None else torch.compile(model, mode=mode)
+            amp = MODEL_AUTOCAST.get(config)
+
+            def fn(t, compiled=compiled, amp=amp):
+                if amp is None:
+                    return compiled(t)
+                with torch.autocast(device.type, dtype=amp):
+                    return compiled(t)
+
             with torch.no_grad():
                 fwd = median_us(lambda: fn(x), device, reps=reps)
 

@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fused {
 namespace {
@@ -27,12 +28,15 @@ constexpr int64_t kPlaneChunk = 4096;
 // Positions per block in the channels-last layout.
 constexpr int64_t kRowChunk = 512;
 
-template <typename scalar_t>
+// scalar_t: the convolution's dtype (selected, grad_conv, grad_bias); out_t: the output's (grad_output, the
+// multiplier, grad_multiplier), float32 in the mixed form, whose first LeakyReLU rounds through scalar_t.
+template <typename scalar_t, typename out_t>
 struct GradConvArgs {
-  const scalar_t* go;
+  using mid_t = std::conditional_t<std::is_same_v<scalar_t, out_t>, float, scalar_t>;
+  const out_t* go;
   const scalar_t* sel;
   scalar_t* gc;
-  const scalar_t* mult;
+  const out_t* mult;
   float* part_bias;  // [parts, C]
   float* part_mult;  // [parts, C]
   int64_t m_stride;  // 0 (one multiplier) or 1
@@ -40,16 +44,16 @@ struct GradConvArgs {
 };
 
 // One element: the gradient stored at the selected tap and its two sum contributions.
-template <typename scalar_t>
-__device__ __forceinline__ void grad_element(const scalar_t* __restrict__ go, const scalar_t* __restrict__ sel,
+template <typename mid_t, typename scalar_t, typename out_t>
+__device__ __forceinline__ void grad_element(const out_t* __restrict__ go, const scalar_t* __restrict__ sel,
                                              scalar_t* __restrict__ gc, int64_t i, float m, float s1, float s2,
                                              float& cb, float& cm) {
   const float x = static_cast<float>(sel[i]);
   const float g = 0.f + static_cast<float>(go[i]);  // as eager accumulates into a zeroed buffer
-  const scalar_t gx = static_cast<scalar_t>(grad_input_of(g, x, m, s1, s2));
+  const scalar_t gx = static_cast<scalar_t>(grad_input_via<mid_t>(g, x, m, s1, s2));
   gc[i] = gx;
   cb += static_cast<float>(gx);
-  cm += grad_multiplier_of(g, x, m, s1, s2);
+  cm += grad_multiplier_via<mid_t>(g, x, m, s1, s2);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -60,8 +64,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Contiguous [N, C, P]: block = (plane n * C + c, chunk of its positions); one partial per block for the plane's
 // channel.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) grad_conv_planes_kernel(const GradConvArgs<scalar_t> a, int64_t P,
+template <typename scalar_t, typename out_t>
+__global__ void __launch_bounds__(kThreads) grad_conv_planes_kernel(const GradConvArgs<scalar_t, out_t> a, int64_t P,
                                                                     int64_t C, int64_t chunks) {
   const int64_t plane = static_cast<int64_t>(blockIdx.x) / chunks;
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) - plane * chunks;
@@ -73,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) grad_conv_planes_kernel(const GradCo
   // Unrolled so that several elements' loads are in flight at once (the pointers do not alias).
 #pragma unroll 8
   for (int64_t q = lo + threadIdx.x; q < hi; q += kThreads) {
-    grad_element(a.go, a.sel, a.gc, plane * P + q, m, a.s1, a.s2, cb, cm);
+    grad_element<typename GradConvArgs<scalar_t, out_t>::mid_t>(a.go, a.sel, a.gc, plane * P + q, m, a.s1, a.s2, cb,
+                                                                cm);
   }
   __shared__ float sums[2][kWarps];
   cb = warp_sum(cb);
@@ -98,8 +103,8 @@ __global__ void __launch_bounds__(kThreads) grad_conv_planes_kernel(const GradCo
 
 // Channels-last [N * P, C]: block (chunk of positions, group of 32 channels); lane = channel, warps take the
 // chunk's positions round robin; one partial per block and channel.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConvArgs<scalar_t> a, int64_t rows,
+template <typename scalar_t, typename out_t>
+__global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConvArgs<scalar_t, out_t> a, int64_t rows,
                                                                   int64_t C) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + lane;
@@ -110,7 +115,10 @@ __global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConv
   float cb = 0.f, cm = 0.f;
   if (ok) {
 #pragma unroll 8
-    for (int64_t r = lo + warp; r < hi; r += kWarps) grad_element(a.go, a.sel, a.gc, r * C + c, m, a.s1, a.s2, cb, cm);
+    for (int64_t r = lo + warp; r < hi; r += kWarps) {
+      grad_element<typename GradConvArgs<scalar_t, out_t>::mid_t>(a.go, a.sel, a.gc, r * C + c, m, a.s1, a.s2, cb,
+                                                                  cm);
+    }
   }
   __shared__ float sums[2][kWarps][32];
   sums[0][warp][lane] = cb;
@@ -129,11 +137,11 @@ __global__ void __launch_bounds__(kThreads) grad_conv_rows_kernel(const GradConv
 
 // The bias and multiplier gradients from the partials [parts, C], each in part order (deterministic), written in
 // the dtype: one thread per channel, or one block-wide fixed-order sum for a single multiplier.
-template <typename scalar_t>
+template <typename scalar_t, typename out_t>
 __global__ void __launch_bounds__(kThreads) channel_sums_kernel(const float* __restrict__ part_bias,
                                                                 const float* __restrict__ part_mult, int64_t parts,
                                                                 int64_t C, scalar_t* __restrict__ grad_bias,
-                                                                scalar_t* __restrict__ grad_mult, bool one_mult) {
+                                                                out_t* __restrict__ grad_mult, bool one_mult) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c < C) {
     float b = 0.f, m = 0.f;
@@ -142,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) channel_sums_kernel(const float* __r
       m += part_mult[k * C + c];
     }
     if (grad_bias != nullptr) grad_bias[c] = static_cast<scalar_t>(b);
-    if (grad_mult != nullptr && !one_mult) grad_mult[c] = static_cast<scalar_t>(m);
+    if (grad_mult != nullptr && !one_mult) grad_mult[c] = static_cast<out_t>(m);
   }
   if (one_mult && grad_mult != nullptr && blockIdx.x == 0) {
     // Channels in order, partials in order.
@@ -158,8 +166,46 @@ __global__ void __launch_bounds__(kThreads) channel_sums_kernel(const float* __r
     if (threadIdx.x == 0) {
       float t = 0.f;
       for (int w = 0; w < kThreads; ++w) t += sums[w];
-      grad_mult[0] = static_cast<scalar_t>(t);
+      grad_mult[0] = static_cast<out_t>(t);
     }
+  }
+}
+
+// The kernels of one (convolution dtype, output dtype) pair on the checked, allocated tensors.
+template <typename scalar_t, typename out_t>
+void launch_grad_conv(const at::Tensor& grad_out, const at::Tensor& selected, const at::Tensor& multiplier,
+                      double s1, double s2, const at::Tensor& grad_conv, const at::Tensor& grad_bias,
+                      const at::Tensor& grad_multiplier, const at::Tensor& part_bias, const at::Tensor& part_mult,
+                      int64_t chunks, int64_t parts, bool channels_last, cudaStream_t stream) {
+  const int64_t N = grad_out.size(0), C = grad_out.size(1);
+  const int64_t P = grad_out.size(2) * grad_out.size(3) * grad_out.size(4);
+  GradConvArgs<scalar_t, out_t> a{grad_out.const_data_ptr<out_t>(),
+                                  selected.const_data_ptr<scalar_t>(),
+                                  grad_conv.data_ptr<scalar_t>(),
+                                  multiplier.const_data_ptr<out_t>(),
+                                  part_bias.data_ptr<float>(),
+                                  part_mult.data_ptr<float>(),
+                                  multiplier.numel() == 1 ? 0 : 1,
+                                  static_cast<float>(s1),
+                                  static_cast<float>(s2)};
+  if (channels_last) {
+    TORCH_CHECK(chunks < (int64_t(1) << 31) && (C + 31) / 32 <= 65535,
+                "conv_transpose3d_post_pool backward: pooled tensor too large");
+    grad_conv_rows_kernel<scalar_t, out_t>
+        <<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>((C + 31) / 32)), kThreads, 0, stream>>>(
+            a, N * P, C);
+  } else {
+    TORCH_CHECK(N * C * chunks < (int64_t(1) << 31), "conv_transpose3d_post_pool backward: pooled tensor too large");
+    grad_conv_planes_kernel<scalar_t, out_t>
+        <<<static_cast<unsigned>(N * C * chunks), kThreads, 0, stream>>>(a, P, C, chunks);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (grad_bias.defined() || grad_multiplier.defined()) {
+    channel_sums_kernel<scalar_t, out_t><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        part_bias.data_ptr<float>(), part_mult.data_ptr<float>(), parts, C,
+        grad_bias.defined() ? grad_bias.data_ptr<scalar_t>() : nullptr,
+        grad_multiplier.defined() ? grad_multiplier.data_ptr<out_t>() : nullptr, multiplier.numel() == 1);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
@@ -174,11 +220,14 @@ void launch_conv_transpose3d_post_pool_grad_conv_cuda(const at::Tensor& grad_out
                         grad_out.sizes() == offsets.sizes());
   TORCH_INTERNAL_ASSERT(grad_out.strides() == selected.strides() && grad_out.strides() == grad_conv.strides() &&
                         grad_out.strides() == offsets.strides());
-  TORCH_INTERNAL_ASSERT(grad_out.scalar_type() == selected.scalar_type() &&
-                        grad_out.scalar_type() == grad_conv.scalar_type() &&
-                        grad_out.scalar_type() == multiplier.scalar_type());
-  const auto dtype = grad_out.scalar_type();
+  // The convolution's dtype is selected's; grad_output and the multiplier have the output's (float32 in the mixed
+  // form, a float16/bfloat16 convolution).
+  const auto dtype = selected.scalar_type();
   TORCH_INTERNAL_ASSERT(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+  const bool mixed = dtype != at::kFloat && grad_out.scalar_type() == at::kFloat;
+  TORCH_INTERNAL_ASSERT(grad_conv.scalar_type() == dtype &&
+                        grad_out.scalar_type() == (mixed ? at::kFloat : dtype) &&
+                        multiplier.scalar_type() == grad_out.scalar_type());
   const int64_t N = grad_out.size(0), C = grad_out.size(1);
   const int64_t P = grad_out.size(2) * grad_out.size(3) * grad_out.size(4);
   TORCH_INTERNAL_ASSERT(multiplier.is_contiguous() && (multiplier.numel() == 1 || multiplier.numel() == C));
@@ -199,32 +248,15 @@ void launch_conv_transpose3d_post_pool_grad_conv_cuda(const at::Tensor& grad_out
   TORCH_INTERNAL_ASSERT(!grad_multiplier.defined() ||
                         (grad_multiplier.is_contiguous() && grad_multiplier.numel() == multiplier.numel()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "conv_post_pool_grad_conv", [&] {
-    GradConvArgs<scalar_t> a{grad_out.const_data_ptr<scalar_t>(),
-                             selected.const_data_ptr<scalar_t>(),
-                             grad_conv.data_ptr<scalar_t>(),
-                             multiplier.const_data_ptr<scalar_t>(),
-                             part_bias.data_ptr<float>(),
-                             part_mult.data_ptr<float>(),
-                             multiplier.numel() == 1 ? 0 : 1,
-                             static_cast<float>(s1),
-                             static_cast<float>(s2)};
-    if (channels_last) {
-      TORCH_CHECK(chunks < (int64_t(1) << 31) && (C + 31) / 32 <= 65535,
-                  "conv_transpose3d_post_pool backward: pooled tensor too large");
-      grad_conv_rows_kernel<scalar_t><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>((C + 31) / 32)),
-                                         kThreads, 0, stream>>>(a, N * P, C);
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+      launch_grad_conv<scalar_t, scalar_t>(grad_out, selected, multiplier, s1, s2, grad_conv, grad_bias,
+                                           grad_multiplier, part_bias, part_mult, chunks, parts, channels_last, stream);
+    } else if (mixed) {
+      launch_grad_conv<scalar_t, float>(grad_out, selected, multiplier, s1, s2, grad_conv, grad_bias,
+                                        grad_multiplier, part_bias, part_mult, chunks, parts, channels_last, stream);
     } else {
-      TORCH_CHECK(N * C * chunks < (int64_t(1) << 31), "conv_transpose3d_post_pool backward: pooled tensor too large");
-      grad_conv_planes_kernel<scalar_t><<<static_cast<unsigned>(N * C * chunks), kThreads, 0, stream>>>(a, P, C,
-                                                                                                      chunks);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (grad_bias.defined() || grad_multiplier.defined()) {
-      channel_sums_kernel<scalar_t><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-          part_bias.data_ptr<float>(), part_mult.data_ptr<float>(), parts, C,
-          grad_bias.defined() ? grad_bias.data_ptr<scalar_t>() : nullptr,
-          grad_multiplier.defined() ? grad_multiplier.data_ptr<scalar_t>() : nullptr, multiplier.numel() == 1);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_grad_conv<scalar_t, scalar_t>(grad_out, selected, multiplier, s1, s2, grad_conv, grad_bias,
+                                           grad_multiplier, part_bias, part_mult, chunks, parts, channels_last, stream);
     }
   });
 }

@@ -134,7 +134,7 @@ __device__ __forceinline__ float leaky_unit_slope(float v, float s) { return fma
 // Folds phase ph's conv values into the pooled result: the exact epilogue and max_pool3d's selection (value,
 // and in the training form the selected conv value and the window offset, one byte per value).
 // UNIT: both slopes in (0, 1] (the launcher's p.unit_slopes), so each leaky takes the one-max form.
-template <Mode M, int MT, bool TRAIN, bool UNIT>
+template <Mode M, int MT, bool TRAIN, bool UNIT, bool MIXED>
 __device__ __forceinline__ void fold_phase(const float (&acc)[MT][kNT][4], float (&best)[MT][kNT][4],
                                            float (&sel)[TRAIN ? MT : 1][kNT][4],
                                            uint32_t (&offs)[TRAIN ? MT : 1][kNT], const float* sMult,
@@ -151,7 +151,9 @@ __device__ __forceinline__ void fold_phase(const float (&acc)[MT][kNT][4], float
         const float m = (j & 1) ? m2.y : m2.x;
         float y = acc[i][nt][j] + ((j & 1) ? b2.y : b2.x);
         if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-        const float e = UNIT ? leaky_unit_slope(leaky_unit_slope(y, s1) * m, s2) : epilogue(y, m, s1, s2);
+        using Out = OutputTraits<M, MIXED>;
+        const float e =
+            UNIT ? leaky_unit_slope(Out::mid(leaky_unit_slope(y, s1)) * m, s2) : Out::epilogue(y, m, s1, s2);
         // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
         const bool take = ph == 0 || takes_max(e, best[i][nt][j]);
         best[i][nt][j] = take ? e : best[i][nt][j];
@@ -166,10 +168,11 @@ __device__ __forceinline__ void fold_phase(const float (&acc)[MT][kNT][4], float
   }
 }
 
-// KS: k-steps (8 k-words) per staged chunk.
-template <Mode M, int MT, bool TRAIN, int KS>
+// KS: k-steps (8 k-words) per staged chunk. MIXED: output.cuh.
+template <Mode M, int MT, bool TRAIN, int KS, bool MIXED>
 __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel(const Params p) {
   using io_t = typename ModeTraits<M>::io_t;
+  using Out = OutputTraits<M, MIXED>;
   constexpr bool kHalf = ModeTraits<M>::kHalf;
   using TS = TileShape<MT>;
   constexpr int kChunkWords = 8 * KS;
@@ -201,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel
   if (tid < kBlockN) {
     const int co = co0 + tid;
     const bool ok = co < p.Cout;
-    const float m = ok ? to_float(static_cast<const io_t*>(p.mult)[co * p.m_stride]) : 1.f;
+    const float m = ok ? Out::multiplier(p, co) : 1.f;
     // Without a bias, -0: adding it leaves every value as it is (-0 included), so the epilogue always adds
     // instead of predicating the add (which the compiler turns into an add and a select per value).
     const float b = ok && has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : -0.f;
@@ -351,9 +354,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel
 
       if (exact) {
         if (p.unit_slopes) {
-          fold_phase<M, MT, TRAIN, true>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
+          fold_phase<M, MT, TRAIN, true, MIXED>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
         } else {
-          fold_phase<M, MT, TRAIN, false>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
+          fold_phase<M, MT, TRAIN, false, MIXED>(acc, best, sel, offs, sMult, sBias, t, ph, p.s1, p.s2);
         }
       } else {
         // The extreme conv value: the largest for a positive multiplier, the smallest (the weights were staged
@@ -396,9 +399,9 @@ __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel
             const float m = sMult[col];
             float y = (m < 0.f ? -v : v) + sBias[col];
             if constexpr (kHalf) y = round_to_io<io_t>(y);
-            v = epilogue(y, m, p.s1, p.s2);
+            v = Out::epilogue(y, m, p.s1, p.s2);
           }
-          static_cast<io_t*>(p.out)[o] = from_float<io_t>(v);
+          Out::store(p, o, v);
           if constexpr (TRAIN) {
             static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[i][nt][j]);
             p.off[o] = static_cast<uint8_t>((offs[i][nt] >> (8 * j)) & 0xffu);
@@ -408,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel
     }
     if (fix_edges) {
       __syncthreads();  // orders the stores above before the overwrites
-      fix_missing_neighbours<M, TRAIN>(p, n, qd0, qh0, qw0, TS::kTD, co0);
+      fix_missing_neighbours<M, TRAIN, MIXED>(p, n, qd0, qh0, qw0, TS::kTD, co0);
     }
     if constexpr (kPipe) buf ^= 1;
   }
@@ -416,30 +419,30 @@ __global__ void __launch_bounds__(kThreads, 2) conv_transpose3d_post_pool_kernel
 
 // Blocks per multiprocessor of one instantiation at one chunk size, asked of the runtime once (the grid only
 // sizes the persistent loop, so a stale figure on a different second GPU costs speed, never correctness).
-template <Mode M, int MT, bool TRAIN, int KS>
+template <Mode M, int MT, bool TRAIN, int KS, bool MIXED>
 int blocks_per_sm(size_t smem) {
   static std::atomic<int> cache{0};
   int v = cache.load(std::memory_order_relaxed);
   if (v <= 0) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &v, conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS>, kThreads, smem));
+        &v, conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS, MIXED>, kThreads, smem));
     v = v > 0 ? v : 1;
     cache.store(v, std::memory_order_relaxed);
   }
   return v;
 }
 
-template <Mode M, int MT, bool TRAIN, int KS>
+template <Mode M, int MT, bool TRAIN, int KS, bool MIXED>
 void launch_one(const Params& p, cudaStream_t stream) {
   const size_t smem = kKernelSmem<M, MT, KS>;
-  auto kernel = conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS>;
+  auto kernel = conv_transpose3d_post_pool_kernel<M, MT, TRAIN, KS, MIXED>;
   // Above 48 KB a block needs the opt-in, given once per device.
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
   smem_limit.raise_to(reinterpret_cast<const void*>(kernel), smem, device);
   const int sms = multiprocessor_count(device);
   const int64_t n_chunks_n = (p.Cout + kBlockN - 1) / kBlockN;
-  const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, MT, TRAIN, KS>(smem)) * sms;
+  const int64_t resident = static_cast<int64_t>(blocks_per_sm<M, MT, TRAIN, KS, MIXED>(smem)) * sms;
   int64_t bx = (resident + n_chunks_n - 1) / n_chunks_n;
   bx = bx < p.n_tiles ? bx : p.n_tiles;
   bx = bx > 0 ? bx : 1;
@@ -448,25 +451,25 @@ void launch_one(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <Mode M, int MT, bool TRAIN>
+template <Mode M, int MT, bool TRAIN, bool MIXED>
 void launch_ks(const Params& p, cudaStream_t stream) {
   switch (p.chunk_words) {
     case 8:
-      return launch_one<M, MT, TRAIN, 1>(p, stream);
+      return launch_one<M, MT, TRAIN, 1, MIXED>(p, stream);
     case 16:
-      return launch_one<M, MT, TRAIN, 2>(p, stream);
+      return launch_one<M, MT, TRAIN, 2, MIXED>(p, stream);
     default:
       TORCH_INTERNAL_ASSERT(p.chunk_words == kMaxChunkWords);
-      return launch_one<M, MT, TRAIN, kMaxChunkWords / 8>(p, stream);
+      return launch_one<M, MT, TRAIN, kMaxChunkWords / 8, MIXED>(p, stream);
   }
 }
 
 // The training form keeps the selected values and offsets in registers too: one row tile per warp keeps it
 // within two blocks per multiprocessor.
-template <Mode M>
-void launch_mode(const Params& p, int mt, bool train, cudaStream_t stream) {
-  if (train) return launch_ks<M, 1, true>(p, stream);
-  return mt == 2 ? launch_ks<M, 2, false>(p, stream) : launch_ks<M, 1, false>(p, stream);
+template <Mode M, bool MIXED>
+void launch_form(const Params& p, int mt, bool train, cudaStream_t stream) {
+  if (train) return launch_ks<M, 1, true, MIXED>(p, stream);
+  return mt == 2 ? launch_ks<M, 2, false, MIXED>(p, stream) : launch_ks<M, 1, false, MIXED>(p, stream);
 }
 
 }  // namespace conv_transpose3d_post_pool

@@ -30,7 +30,7 @@ void copy_strides(const at::Tensor& t, int64_t (&s)[5]) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Shared memory per block of the instantiation (mode M, mt row tiles, chunk_words k-words) that launch_mode runs.
+// Shared memory per block of the instantiation (mode M, mt row tiles, chunk_words k-words) that launch_form runs.
 template <Mode M, int MT>
 size_t kernel_smem(int chunk_words) {
   switch (chunk_words) {
@@ -95,8 +95,11 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   TORCH_INTERNAL_ASSERT(input.is_cuda() && weight.device() == input.device() && out.device() == input.device());
   const auto dtype = input.scalar_type();
   TORCH_INTERNAL_ASSERT(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
-  TORCH_INTERNAL_ASSERT(weight.scalar_type() == dtype && out.scalar_type() == dtype &&
-                        multiplier.scalar_type() == dtype);
+  // The mixed form: a float32 multiplier and output for a float16/bfloat16 convolution (output.cuh).
+  const bool mixed = dtype != at::kFloat && multiplier.scalar_type() == at::kFloat;
+  const auto out_dtype = mixed ? at::kFloat : dtype;
+  TORCH_INTERNAL_ASSERT(weight.scalar_type() == dtype && out.scalar_type() == out_dtype &&
+                        multiplier.scalar_type() == out_dtype);
   const int64_t N = input.size(0), Cin = input.size(1), D = input.size(2), H = input.size(3), W = input.size(4);
   const int64_t Cout = weight.size(1);
   TORCH_INTERNAL_ASSERT(weight.size(0) == Cin && weight.size(2) == 3 && weight.size(3) == 3 && weight.size(4) == 3);
@@ -178,16 +181,24 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
   switch (mode) {
     case Mode::kTF32:
-      launch_mode<Mode::kTF32>(p, mt, train, stream);
+      launch_form<Mode::kTF32, false>(p, mt, train, stream);
       break;
     case Mode::kStrict:
-      launch_mode<Mode::kStrict>(p, mt, train, stream);
+      launch_form<Mode::kStrict, false>(p, mt, train, stream);
       break;
     case Mode::kBF16:
-      launch_mode<Mode::kBF16>(p, mt, train, stream);
+      if (mixed) {
+        launch_form<Mode::kBF16, true>(p, mt, train, stream);
+      } else {
+        launch_form<Mode::kBF16, false>(p, mt, train, stream);
+      }
       break;
     case Mode::kFP16:
-      launch_mode<Mode::kFP16>(p, mt, train, stream);
+      if (mixed) {
+        launch_form<Mode::kFP16, true>(p, mt, train, stream);
+      } else {
+        launch_form<Mode::kFP16, false>(p, mt, train, stream);
+      }
       break;
   }
 }

@@ -76,10 +76,11 @@ struct Params {
   bool x_channels_last;  // only picks the staging loop order (addresses always use the strides)
 };
 
-// Launches one precision's kernel (defined in kernel.cuh, instantiated per precision file).
-// mt: 1 or 2 mma row tiles per warp; train: write selected and offsets.
-template <Mode M>
-void launch_mode(const Params& p, int mt, bool train, cudaStream_t stream);
+// Launches one precision's kernel (defined in kernel.cuh, instantiated per precision and output form in
+// instantiations/). mt: 1 or 2 mma row tiles per warp; train: write selected and offsets. MIXED: a float32
+// multiplier and output for a float16/bfloat16 convolution (output.cuh).
+template <Mode M, bool MIXED>
+void launch_form(const Params& p, int mt, bool train, cudaStream_t stream);
 
 // Benchmark hook: forces the row tiles per warp (1 or 2) when non-zero. Never set by the operators.
 int& mt_override();

@@ -19,12 +19,18 @@ namespace {
 
 constexpr int64_t kGrain = 2048;  // outputs per parallel task: enough to hide the scheduling cost
 
-template <typename scalar_t, typename off_t>
+// out_t: the output's (and multiplier's, and grad_output's) element type: scalar_t, or float in the mixed form
+// (float16/bfloat16 input, float32 multiplier), whose first LeakyReLU is rounded through the input's type (mid_t,
+// epilogue_via); mid_t = acc_t (no rounding) when the types match.
+template <typename scalar_t, typename out_t>
+using mid_type = std::conditional_t<std::is_same_v<scalar_t, out_t>, at::opmath_type<scalar_t>, scalar_t>;
+
+template <typename scalar_t, typename off_t, typename out_t = scalar_t>
 struct ForwardPtrs {
   const scalar_t* x;
-  const scalar_t* m;
+  const out_t* m;
   int64_t m_stride;  // 0 for a scalar multiplier, 1 per channel
-  scalar_t* out;
+  out_t* out;
   scalar_t* sel;     // nullptr for inference
   off_t* off;        // nullptr for inference
   const scalar_t* bias = nullptr;  // post_pool_bias ops only
@@ -32,9 +38,10 @@ struct ForwardPtrs {
 
 // One output at a time, any window; NCDHW. Rows of outputs (n, c, od, oh) are the parallel unit, so index
 // arithmetic (int64 division) is paid per row, not per output.
-template <int K, typename scalar_t, typename off_t>
-void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+template <int K, typename scalar_t, typename off_t, typename out_t>
+void forward_rows(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGeometry& g, double s1d, double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
   const int64_t rows = g.N * g.C * g.OD * g.OH;
@@ -47,8 +54,9 @@ void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, 
       const scalar_t* plane = p.x + nc * st.c;
       const int64_t obase = r * g.OW;
       for (int64_t ow = 0; ow < g.OW; ++ow) {
-        const auto w = scan_window<K, K, K>(plane, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b, p.bias != nullptr);
-        p.out[obase + ow] = static_cast<scalar_t>(w.value);
+        const auto w = scan_window<K, K, K, scalar_t, acc_t, mid_t>(plane, st.d, st.h, st.w, od, oh, ow, g, m, s1,
+                                                                    s2, b, p.bias != nullptr);
+        p.out[obase + ow] = static_cast<out_t>(w.value);
         if (p.sel != nullptr) {
           p.sel[obase + ow] = w.input;
           p.off[obase + ow] = static_cast<off_t>(w.offset);
@@ -59,10 +67,11 @@ void forward_rows(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, 
 }
 
 // channels_last_3d, any dtype, with or without bias: one pooled position (n, od, oh, ow) per step.
-template <typename scalar_t, typename off_t>
-void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+template <typename scalar_t, typename off_t, typename out_t>
+void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGeometry& g, double s1d,
                                   double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
   const int64_t positions = g.N * g.OD * g.OH * g.OW;
@@ -73,10 +82,10 @@ void forward_channels_last_scalar(const ForwardPtrs<scalar_t, off_t>& p, const P
       for (int64_t c = 0; c < g.C; ++c) {
         const acc_t m = static_cast<acc_t>(p.m[c * p.m_stride]);
         const acc_t b = p.bias == nullptr ? acc_t(0) : static_cast<acc_t>(p.bias[c]);
-        const auto w = scan_window<0, 0, 0>(p.x + n * st.n + c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b,
-                                            p.bias != nullptr);
+        const auto w = scan_window<0, 0, 0, scalar_t, acc_t, mid_t>(p.x + n * st.n + c, st.d, st.h, st.w, od, oh,
+                                                                    ow, g, m, s1, s2, b, p.bias != nullptr);
         const int64_t i = pos * g.C + c;
-        p.out[i] = static_cast<scalar_t>(w.value);
+        p.out[i] = static_cast<out_t>(w.value);
         if (p.sel != nullptr) {
           p.sel[i] = w.input;
           p.off[i] = static_cast<off_t>(w.offset);
@@ -315,10 +324,12 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
   });
 }
 
-template <typename scalar_t, typename off_t>
-void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1, double s2) {
+template <typename scalar_t, typename off_t, typename out_t>
+void forward_dispatch(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGeometry& g, double s1, double s2) {
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-  if (p.bias != nullptr) {
+  // The bias ops and the mixed form (the SIMD kernels round nothing between the two LeakyReLUs) take the scalar
+  // paths.
+  if (p.bias != nullptr || !std::is_same_v<scalar_t, out_t>) {
     if (g.channels_last) {
       forward_channels_last_scalar(p, g, s1, s2);
     } else if (k2) {
@@ -328,45 +339,58 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry&
     }
     return;
   }
-  if (g.channels_last) {
-    if constexpr (std::is_same_v<off_t, uint8_t>) {
-      if (k2) {
-        forward_channels_last_2x2x2(p, g, s1, s2);
-        return;
+  if constexpr (std::is_same_v<scalar_t, out_t>) {
+    if (g.channels_last) {
+      if constexpr (std::is_same_v<off_t, uint8_t>) {
+        if (k2) {
+          forward_channels_last_2x2x2(p, g, s1, s2);
+          return;
+        }
       }
-    }
-    forward_channels_last_simd(p, g, s1, s2);
-  } else if (k2) {
-    if constexpr (std::is_same_v<off_t, uint8_t>) {
-      forward_rows_2x2x2(p, g, s1, s2);
+      forward_channels_last_simd(p, g, s1, s2);
+    } else if (k2) {
+      if constexpr (std::is_same_v<off_t, uint8_t>) {
+        forward_rows_2x2x2(p, g, s1, s2);
+      } else {
+        forward_rows<2>(p, g, s1, s2);
+      }
     } else {
-      forward_rows<2>(p, g, s1, s2);
+      forward_rows<0>(p, g, s1, s2);
     }
+  }
+}
+
+template <typename scalar_t, typename out_t>
+void forward_typed(const ForwardInputs& f, const ForwardOutputs& o) {
+  const PoolGeometry& g = f.g;
+  auto run = [&](auto* off_ptr) {
+    using off_t = std::remove_pointer_t<decltype(off_ptr)>;
+    ForwardPtrs<scalar_t, off_t, out_t> p{f.input.const_data_ptr<scalar_t>(), f.multiplier.const_data_ptr<out_t>(),
+                                          f.multiplier.numel() == 1 ? 0 : 1, o.out.mutable_data_ptr<out_t>(),
+                                          o.save() ? o.selected.mutable_data_ptr<scalar_t>() : nullptr, off_ptr,
+                                          f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr};
+    forward_dispatch(p, g, f.s1, f.s2);
+  };
+  if (!o.save()) {
+    run(static_cast<uint8_t*>(nullptr));
+  } else if (g.offset_dtype() == at::kByte) {
+    run(o.offsets.mutable_data_ptr<uint8_t>());
   } else {
-    forward_rows<0>(p, g, s1, s2);
+    run(o.offsets.mutable_data_ptr<int32_t>());
   }
 }
 
 }  // namespace
 
 void launch_forward_cpu(const ForwardInputs& f, const ForwardOutputs& o) {
-  const PoolGeometry& g = f.g;
+  if (is_mixed(f.input.scalar_type(), f.multiplier.scalar_type())) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(f.input.scalar_type(), "fused_post_pool_cpu_mixed", [&] {
+      forward_typed<scalar_t, float>(f, o);
+    });
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.input.scalar_type(), "fused_post_pool_cpu", [&] {
-    auto run = [&](auto* off_ptr) {
-      using off_t = std::remove_pointer_t<decltype(off_ptr)>;
-      ForwardPtrs<scalar_t, off_t> p{f.input.const_data_ptr<scalar_t>(), f.multiplier.const_data_ptr<scalar_t>(),
-                                     f.multiplier.numel() == 1 ? 0 : 1, o.out.mutable_data_ptr<scalar_t>(),
-                                     o.save() ? o.selected.mutable_data_ptr<scalar_t>() : nullptr, off_ptr,
-                                     f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr};
-      forward_dispatch(p, g, f.s1, f.s2);
-    };
-    if (!o.save()) {
-      run(static_cast<uint8_t*>(nullptr));
-    } else if (g.offset_dtype() == at::kByte) {
-      run(o.offsets.mutable_data_ptr<uint8_t>());
-    } else {
-      run(o.offsets.mutable_data_ptr<int32_t>());
-    }
+    forward_typed<scalar_t, scalar_t>(f, o);
   });
 }
 
@@ -374,12 +398,39 @@ namespace {
 
 // ---- backward -----------------------------------------------------------------------------------------------
 
-template <bool CL, int K, typename scalar_t, typename off_t>
-void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off, const scalar_t* mflat,
+// Whether output (od, oh, ow) of plane (n, c), whose saved tap is input (d, h, w), is the first output (in
+// gather_grad's order) whose saved tap is that input.
+template <bool CL, typename off_t>
+inline bool first_selector(const off_t* off, const PoolGeometry& g, int64_t n, int64_t c, int64_t od, int64_t oh,
+                           int64_t ow, int64_t d, int64_t h, int64_t w) {
+  const OutputSpan sd_ = covering_outputs(d, g.pd, g.kd, g.sd, g.dd, g.OD);
+  const OutputSpan sh_ = covering_outputs(h, g.ph, g.kh, g.sh, g.dh, g.OH);
+  const OutputSpan sw_ = covering_outputs(w, g.pw, g.kw, g.sw, g.dw, g.OW);
+  for (int64_t od2 = sd_.lo; od2 <= sd_.hi; ++od2) {
+    const int64_t rd = d + g.pd - od2 * g.sd;
+    if (rd % g.dd != 0) continue;
+    for (int64_t oh2 = sh_.lo; oh2 <= sh_.hi; ++oh2) {
+      const int64_t rh = h + g.ph - oh2 * g.sh;
+      if (rh % g.dh != 0) continue;
+      for (int64_t ow2 = sw_.lo; ow2 <= sw_.hi; ++ow2) {
+        const int64_t rw = w + g.pw - ow2 * g.sw;
+        if (rw % g.dw != 0) continue;
+        if (od2 == od && oh2 == oh && ow2 == ow) return true;
+        const int64_t tap = ((rd / g.dd) * g.kh + rh / g.dh) * g.kw + rw / g.dw;
+        if (static_cast<int64_t>(off[output_index<CL>(g, n, c, od2, oh2, ow2)]) == tap) return false;
+      }
+    }
+  }
+  return true;
+}
+
+template <bool CL, int K, typename scalar_t, typename out_t, typename off_t>
+void backward_kernels(const out_t* go, const scalar_t* sel, const off_t* off, const out_t* mflat,
                       int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
                       at::opmath_type<scalar_t>* contrib, const scalar_t* bias = nullptr,
                       at::opmath_type<scalar_t>* contrib_bias = nullptr) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const bool has_bias = bias != nullptr;
   // Every input element is written exactly once (a gather), so no zero-fill and no write races.
@@ -389,7 +440,8 @@ void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off,
       input_coords<CL>(i, g, n, c, d, h, w);
       const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
       const acc_t b = has_bias ? static_cast<acc_t>(bias[c]) : acc_t(0);
-      gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K>(go, sel, off, g, n, c, d, h, w, m, s1, s2, b, has_bias));
+      gi[i] = static_cast<scalar_t>(gather_grad<CL, K, K, K, out_t, scalar_t, acc_t, off_t, mid_t>(
+          go, sel, off, g, n, c, d, h, w, m, s1, s2, b, has_bias));
     }
   });
   at::parallel_for(0, g.output_numel(), kGrain, [&](int64_t begin, int64_t end) {
@@ -401,8 +453,27 @@ void backward_kernels(const scalar_t* go, const scalar_t* sel, const off_t* off,
       const acc_t x = pre_activation(static_cast<acc_t>(sel[i]), has_bias ? static_cast<acc_t>(bias[c]) : acc_t(0),
                                      has_bias);
       const acc_t gs = acc_t(0) + static_cast<acc_t>(go[i]);
-      contrib[i] = valid ? grad_multiplier_of(gs, x, m, s1, s2) : acc_t(0);
-      if (has_bias) contrib_bias[i] = valid ? grad_input_of(gs, x, m, s1, s2) : acc_t(0);
+      contrib[i] = valid ? grad_multiplier_via<mid_t>(gs, x, m, s1, s2) : acc_t(0);
+      if (has_bias) {
+        acc_t cb = valid ? grad_input_via<mid_t>(gs, x, m, s1, s2) : acc_t(0);
+        if constexpr (K == 0 && !std::is_same_v<mid_t, acc_t>) {
+          // The mixed form rounds grad * multiplier to the input's dtype (grad_input_via), which is not linear: an
+          // input element that several overlapping windows selected has the bias gradient of its summed grads, not
+          // the sum of each output's. The first output that selected it takes that whole gradient (gather_grad's,
+          // before the cast to the input's dtype), the others none, so the sum over outputs is eager's.
+          if (valid) {
+            const int64_t t = static_cast<int64_t>(off[i]);
+            const int64_t d = od * g.sd - g.pd + (t / (g.kw * g.kh)) * g.dd;
+            const int64_t h = oh * g.sh - g.ph + ((t / g.kw) % g.kh) * g.dh;
+            const int64_t w = ow * g.sw - g.pw + (t % g.kw) * g.dw;
+            cb = first_selector<CL>(off, g, n, c, od, oh, ow, d, h, w)
+                     ? gather_grad<CL, 0, 0, 0, out_t, scalar_t, acc_t, off_t, mid_t>(
+                           go, sel, off, g, n, c, d, h, w, m, s1, s2, static_cast<acc_t>(bias[c]), true)
+                     : acc_t(0);
+          }
+        }
+        contrib_bias[i] = cb;
+      }
     }
   });
 }
@@ -456,47 +527,59 @@ void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off,
   });
 }
 
+template <typename scalar_t, typename out_t>
+void backward_typed(const BackwardInputs& b, const at::Tensor& grad_input, const GradPartials& parts) {
+  const PoolGeometry& g = b.g;
+  const bool channels_last = b.format == at::MemoryFormat::ChannelsLast3d;
+  using acc_t = at::opmath_type<scalar_t>;
+  auto run = [&](const auto* off_ptr) {
+    const auto args = std::make_tuple(b.grad_output.const_data_ptr<out_t>(), b.selected.const_data_ptr<scalar_t>(),
+                                      off_ptr, b.multiplier_flat.const_data_ptr<out_t>(),
+                                      b.multiplier_flat.numel() == 1 ? int64_t(0) : int64_t(1));
+    auto* gi = grad_input.mutable_data_ptr<scalar_t>();
+    auto* ct = parts.multiplier.mutable_data_ptr<acc_t>();
+    const scalar_t* bp = b.bias_flat.defined() ? b.bias_flat.const_data_ptr<scalar_t>() : nullptr;
+    acc_t* cb = parts.bias.defined() ? parts.bias.mutable_data_ptr<acc_t>() : nullptr;
+    const double s1 = b.s1, s2 = b.s2;
+    const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
+    // The SIMD 2x2x2 kernels round nothing between the two LeakyReLUs: the mixed form takes the scalar path.
+    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t> &&
+                  std::is_same_v<scalar_t, out_t>) {
+      if (bp == nullptr && k2) {
+        if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
+        std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
+        return;
+      }
+    }
+    std::apply([&](auto... a) {
+      if (channels_last) {
+        k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+           : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct, bp, cb);
+      } else {
+        k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct, bp, cb)
+           : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct, bp, cb);
+      }
+    }, args);
+  };
+  if (b.offsets.scalar_type() == at::kByte) {
+    run(b.offsets.const_data_ptr<uint8_t>());
+  } else {
+    run(b.offsets.const_data_ptr<int32_t>());
+  }
+}
+
 }  // namespace
 
 ParamGrads launch_backward_cpu(const BackwardInputs& b, const at::Tensor& grad_input) {
-  const PoolGeometry& g = b.g;
   const GradPartials parts = alloc_grad_partials(b);
-  const bool channels_last = b.format == at::MemoryFormat::ChannelsLast3d;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.grad_output.scalar_type(), "fused_post_pool_bwd_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    auto run = [&](const auto* off_ptr) {
-      const auto args = std::make_tuple(b.grad_output.const_data_ptr<scalar_t>(), b.selected.const_data_ptr<scalar_t>(),
-                                        off_ptr, b.multiplier_flat.const_data_ptr<scalar_t>(),
-                                        b.multiplier_flat.numel() == 1 ? int64_t(0) : int64_t(1));
-      auto* gi = grad_input.mutable_data_ptr<scalar_t>();
-      auto* ct = parts.multiplier.mutable_data_ptr<acc_t>();
-      const scalar_t* bp = b.bias_flat.defined() ? b.bias_flat.const_data_ptr<scalar_t>() : nullptr;
-      acc_t* cb = parts.bias.defined() ? parts.bias.mutable_data_ptr<acc_t>() : nullptr;
-      const double s1 = b.s1, s2 = b.s2;
-      const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-      if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t>) {
-        if (bp == nullptr && k2) {
-          if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-          std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
-          return;
-        }
-      }
-      std::apply([&](auto... a) {
-        if (channels_last) {
-          k2 ? backward_kernels<true, 2>(a..., g, s1, s2, gi, ct, bp, cb)
-             : backward_kernels<true, 0>(a..., g, s1, s2, gi, ct, bp, cb);
-        } else {
-          k2 ? backward_kernels<false, 2>(a..., g, s1, s2, gi, ct, bp, cb)
-             : backward_kernels<false, 0>(a..., g, s1, s2, gi, ct, bp, cb);
-        }
-      }, args);
-    };
-    if (b.offsets.scalar_type() == at::kByte) {
-      run(b.offsets.const_data_ptr<uint8_t>());
-    } else {
-      run(b.offsets.const_data_ptr<int32_t>());
-    }
-  });
+  if (is_mixed(b.selected.scalar_type(), b.multiplier_flat.scalar_type())) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(b.selected.scalar_type(), "fused_post_pool_bwd_cpu_mixed", [&] {
+      backward_typed<scalar_t, float>(b, grad_input, parts);
+    });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.grad_output.scalar_type(), "fused_post_pool_bwd_cpu",
+                                    [&] { backward_typed<scalar_t, scalar_t>(b, grad_input, parts); });
+  }
   return reduce_grad_partials(parts, b);
 }
 

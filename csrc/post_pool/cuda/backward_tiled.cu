@@ -34,12 +34,14 @@ __device__ __forceinline__ float warp_sum_from(float v, int from) {
   return v;
 }
 
-template <typename scalar_t>
+// out_t: grad_output's and the multiplier's element type (scalar_t, or float in the mixed form; launch.cuh,
+// mid_type); selected, grad_input and the bias are scalar_t.
+template <typename scalar_t, typename out_t>
 struct BwdArgs {
-  const scalar_t* go;
+  const out_t* go;
   const scalar_t* sel;
   const uint8_t* off;
-  const scalar_t* mflat;
+  const out_t* mflat;
   const scalar_t* bias;
   scalar_t* gi;
   at::opmath_type<scalar_t>* contrib;       // multiplier partials
@@ -51,20 +53,21 @@ struct BwdArgs {
 
 // Zeroes the per-channel sum's block counter for the kernel that follows this one in the stream (after this
 // grid's wait, so a previous call's sum kernel that used the same memory has finished).
-template <typename scalar_t>
-__device__ __forceinline__ void reset_sum_counter(const BwdArgs<scalar_t>& a) {
+template <typename scalar_t, typename out_t>
+__device__ __forceinline__ void reset_sum_counter(const BwdArgs<scalar_t, out_t>& a) {
   if (a.sum_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.sum_counter = 0u;
 }
 
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t go, scalar_t sel, acc_t m, acc_t b,
-                                          scalar_t& gx, acc_t& cm, acc_t& cb) {
+template <typename scalar_t, typename out_t, typename acc_t>
+__device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t, out_t>& a, out_t go, scalar_t sel, acc_t m,
+                                          acc_t b, scalar_t& gx, acc_t& cm, acc_t& cb) {
+  using mid_t = mid_type<scalar_t, out_t>;
   const bool has_bias = a.bias != nullptr;
   const acc_t x = pre_activation(static_cast<acc_t>(sel), b, has_bias);
   const acc_t gs = acc_t(0) + static_cast<acc_t>(go);  // as eager accumulates into a zeroed buffer
-  const acc_t gxa = grad_input_of(gs, x, m, a.s1, a.s2);
+  const acc_t gxa = grad_input_via<mid_t>(gs, x, m, a.s1, a.s2);
   gx = static_cast<scalar_t>(gxa);
-  cm = grad_multiplier_of(gs, x, m, a.s1, a.s2);
+  cm = grad_multiplier_via<mid_t>(gs, x, m, a.s1, a.s2);
   cb = gxa;
 }
 
@@ -73,9 +76,9 @@ __device__ __forceinline__ void grad_pair(const BwdArgs<scalar_t>& a, scalar_t g
 // is a latency-bound launch on the critical path.
 enum class Partials { kPack, kWarp, kBlock };
 
-template <typename scalar_t, typename index_t, Partials PART>
+template <typename scalar_t, typename out_t, typename index_t, Partials PART>
 __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kernel(
-    const BwdArgs<scalar_t> a, index_t total, index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W,
+    const BwdArgs<scalar_t, out_t> a, index_t total, index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W,
     index_t plane) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>();
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kern
     const index_t c = (row / ODOH) % C;
     const acc_t m = static_cast<acc_t>(a.mflat[a.per_channel ? c : 0]);
     const acc_t b = a.bias != nullptr ? static_cast<acc_t>(a.bias[c]) : acc_t(0);
-    const auto go = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
+    const auto go = load_pack<out_t, VEC>(a.go + p * VEC);
     const auto sel = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
     const auto off = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
     Pack<scalar_t, 2 * VEC> rows[4];
@@ -156,9 +159,9 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ncdhw_kern
 // host-checked) every pack a thread takes holds the same VEC channels, and the block folds its partials into one
 // row of C per block in a fixed order: [blocks, C] partials instead of one row per warp (8x, or 8*ITEMS x, fewer
 // to write and to sum). Without BLOCK, ITEMS is 1 and every pack writes its own VEC partials.
-template <typename scalar_t, typename index_t, int ITEMS, bool BLOCK>
+template <typename scalar_t, typename out_t, typename index_t, int ITEMS, bool BLOCK>
 __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kernel(
-    const BwdArgs<scalar_t> a, index_t total, index_t Cv, index_t C, index_t OW, index_t OH) {
+    const BwdArgs<scalar_t, out_t> a, index_t total, index_t Cv, index_t C, index_t OW, index_t OH) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int VEC = vec_outputs<scalar_t>() * 2;
   static_assert(BLOCK || ITEMS == 1, "per-pack partials take one pack per thread");
@@ -170,13 +173,14 @@ __global__ void __launch_bounds__(kThreads) post_pool_backward_tiled2_ndhwc_kern
   reset_sum_counter(a);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) cm_sum[j] = cb_sum[j] = acc_t(0);
-  Pack<scalar_t, VEC> go[ITEMS], sel[ITEMS];
+  Pack<out_t, VEC> go[ITEMS];
+  Pack<scalar_t, VEC> sel[ITEMS];
   Pack<uint8_t, VEC> off[ITEMS];
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it) {
     const index_t p = first + it * kThreads;
     if (p < total) {
-      go[it] = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.go + p * VEC);
+      go[it] = load_pack<out_t, VEC>(a.go + p * VEC);
       sel[it] = *reinterpret_cast<const Pack<scalar_t, VEC>*>(a.sel + p * VEC);
       off[it] = *reinterpret_cast<const Pack<uint8_t, VEC>*>(a.off + p * VEC);
     }
@@ -252,7 +256,7 @@ int cl_backward_items(const BackwardTuning& tuning, size_t element_size) {
 
 // Launches the backward fast path when geometry and alignment allow; returns the per-channel sums of the
 // multiplier and bias partials (bias: undefined without one), or nothing when the general path must run.
-template <typename scalar_t>
+template <typename scalar_t, typename out_t>
 std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
     const PoolGeometry& g, bool channels_last, const at::Tensor& go, const at::Tensor& sel, const at::Tensor& off,
     const at::Tensor& mflat, double s1, double s2, const at::Tensor& grad_input, const at::Tensor& bias,
@@ -290,29 +294,30 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   const int64_t R = channels_last ? 1 : (g.N * g.C > 0 ? parts / (g.N * g.C) : 0);
   const ChannelSumPlan plan = plan_channel_sum(g.C, R, parts, bias.defined() ? 2 : 1, go.options(),
                                                tuning.single_launch_sum, tuning.dependent_launches);
-  BwdArgs<scalar_t> a{go.const_data_ptr<scalar_t>(), sel.const_data_ptr<scalar_t>(), off.const_data_ptr<uint8_t>(),
-                      mflat.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-                      grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
-                      contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
-                      mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2), plan.counter};
+  BwdArgs<scalar_t, out_t> a{go.const_data_ptr<out_t>(), sel.const_data_ptr<scalar_t>(),
+                             off.const_data_ptr<uint8_t>(), mflat.const_data_ptr<out_t>(),
+                             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
+                             grad_input.mutable_data_ptr<scalar_t>(), contrib.mutable_data_ptr<acc_t>(),
+                             contrib_bias.defined() ? contrib_bias.mutable_data_ptr<acc_t>() : nullptr,
+                             mflat.numel() != 1, static_cast<acc_t>(s1), static_cast<acc_t>(s2), plan.counter};
   const bool small = g.input_numel() < (int64_t(1) << 31);
   auto go_launch = [&](auto idx) {
     using index_t = decltype(idx);
     if (channels_last) {
       const dim3 grid(static_cast<unsigned>(blocks));
-      auto k = !warp       ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 1, false>
-               : items == 1 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 1, true>
-               : items == 2 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 2, true>
-               : items == 4 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 4, true>
-                            : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, index_t, 8, true>;
+      auto k = !warp       ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, 1, false>
+               : items == 1 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, 1, true>
+               : items == 2 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, 2, true>
+               : items == 4 ? post_pool_backward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, 4, true>
+                            : post_pool_backward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, 8, true>;
       launch_dependent(tuning.dependent_launches, k, grid, dim3(kThreads), 0, stream, a, static_cast<index_t>(total),
                        static_cast<index_t>(Cv), static_cast<index_t>(g.C), static_cast<index_t>(g.OW),
                        static_cast<index_t>(g.OH));
     } else {
       const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
-      auto k = nc_block ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kBlock>
-               : warp   ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kWarp>
-                        : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, index_t, Partials::kPack>;
+      auto k = nc_block ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, out_t, index_t, Partials::kBlock>
+               : warp   ? post_pool_backward_tiled2_ncdhw_kernel<scalar_t, out_t, index_t, Partials::kWarp>
+                        : post_pool_backward_tiled2_ncdhw_kernel<scalar_t, out_t, index_t, Partials::kPack>;
       launch_dependent(tuning.dependent_launches, k, grid, dim3(kThreads), 0, stream, a, static_cast<index_t>(total),
                        static_cast<index_t>(g.OW / vec), static_cast<index_t>(g.OH),
                        static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C), static_cast<index_t>(g.W),
@@ -321,7 +326,8 @@ std::optional<std::pair<at::Tensor, at::Tensor>> launch_backward_tiled2(
   };
   small ? go_launch(int32_t{}) : go_launch(int64_t{});
   // Per-channel multiplier gradients come out in the gradient's dtype (no cast kernel after); a one-element
-  // multiplier sums them further, so it takes float.
+  // multiplier sums them further, so it takes float. In the mixed form that dtype (grad_output's) is float, and a
+  // bias's gradient (the input's dtype) is cast after, by launch_backward_tiled2_cuda.
   const at::ScalarType out = mflat.numel() == 1 ? at::kFloat : go.scalar_type();
   const std::vector<int64_t> per_channel{g.C};
   const at::IntArrayRef m_sizes = mflat.numel() == 1 ? at::IntArrayRef(per_channel) : multiplier_sizes;
@@ -336,12 +342,23 @@ std::optional<ParamGrads> launch_backward_tiled2_cuda(const BackwardInputs& b, c
                                                       const BackwardTuning& tuning, cudaStream_t stream) {
   std::optional<std::pair<at::Tensor, at::Tensor>> fast;
   const bool channels_last = b.format == at::MemoryFormat::ChannelsLast3d;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.grad_output.scalar_type(), "fused_post_pool_bwd_fast", [&] {
-    fast = launch_backward_tiled2<scalar_t>(b.g, channels_last, b.grad_output, b.selected, b.offsets,
-                                            b.multiplier_flat, b.s1, b.s2, grad_input, b.bias_flat,
-                                            b.multiplier.sizes(),
-                                            b.bias.defined() ? b.bias.sizes() : at::IntArrayRef(), tuning, stream);
-  });
+  if (is_mixed(b.selected.scalar_type(), b.multiplier_flat.scalar_type())) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(b.selected.scalar_type(), "fused_post_pool_bwd_fast_mixed", [&] {
+      fast = launch_backward_tiled2<scalar_t, float>(b.g, channels_last, b.grad_output, b.selected, b.offsets,
+                                                     b.multiplier_flat, b.s1, b.s2, grad_input, b.bias_flat,
+                                                     b.multiplier.sizes(),
+                                                     b.bias.defined() ? b.bias.sizes() : at::IntArrayRef(), tuning,
+                                                     stream);
+    });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.grad_output.scalar_type(), "fused_post_pool_bwd_fast", [&] {
+      fast = launch_backward_tiled2<scalar_t, scalar_t>(b.g, channels_last, b.grad_output, b.selected, b.offsets,
+                                                        b.multiplier_flat, b.s1, b.s2, grad_input, b.bias_flat,
+                                                        b.multiplier.sizes(),
+                                                        b.bias.defined() ? b.bias.sizes() : at::IntArrayRef(), tuning,
+                                                        stream);
+    });
+  }
   if (!fast) return std::nullopt;
   // Per-channel sums come back in the parameter's shape and dtype; a one-element multiplier sums them further.
   auto finish = [&](const at::Tensor& per_channel, const at::Tensor& like) {

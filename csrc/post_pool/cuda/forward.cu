@@ -20,12 +20,14 @@ namespace fused {
 namespace post_pool {
 namespace {
 
-template <typename scalar_t, typename off_t, bool CL, int K, bool SAVE>
+// out_t: the output's and multiplier's element type (scalar_t, or float in the mixed form; launch.cuh, mid_type).
+template <typename scalar_t, typename out_t, typename off_t, bool CL, int K, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_kernel(
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g,
-    const Strides st, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out,
+    const scalar_t* __restrict__ x, const out_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g,
+    const Strides st, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2, out_t* __restrict__ out,
     scalar_t* __restrict__ sel, off_t* __restrict__ off, const scalar_t* __restrict__ bias) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   const int64_t total = g.output_numel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -33,9 +35,9 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_kernel(
     output_coords<CL>(i, g, n, c, od, oh, ow);
     const acc_t m = static_cast<acc_t>(mflat[c * m_stride]);
     const acc_t b = bias != nullptr ? static_cast<acc_t>(bias[c]) : acc_t(0);
-    const auto r = scan_window<K, K, K>(x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh, ow, g, m, s1, s2, b,
-                                        bias != nullptr);
-    out[i] = static_cast<scalar_t>(r.value);
+    const auto r = scan_window<K, K, K, scalar_t, acc_t, mid_t>(x + n * st.n + c * st.c, st.d, st.h, st.w, od, oh,
+                                                                ow, g, m, s1, s2, b, bias != nullptr);
+    out[i] = static_cast<out_t>(r.value);
     if constexpr (SAVE) {
       sel[i] = r.input;
       off[i] = static_cast<off_t>(r.offset);
@@ -80,7 +82,7 @@ __device__ __forceinline__ bool monotone_multiplier(float m) { return m != 0.f &
 // With a bias, x + b must be monotone in x and never NaN for a non-NaN x: true for a finite b only (-inf + inf).
 __device__ __forceinline__ bool monotone_channel(float m, float b) { return monotone_multiplier(m) && isfinite(b); }
 
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename mid_t = acc_t>
 struct Best {
   acc_t value;
   scalar_t input;
@@ -93,7 +95,7 @@ struct Best {
     tap = 0;
   }
   __device__ void take(scalar_t x, acc_t m, acc_t s1, acc_t s2, acc_t b, bool has_bias, uint8_t t) {
-    const acc_t v = epilogue(pre_activation(static_cast<acc_t>(x), b, has_bias), m, s1, s2);
+    const acc_t v = epilogue_via<mid_t>(pre_activation(static_cast<acc_t>(x), b, has_bias), m, s1, s2);
     const bool t_ = takes_max(v, value);
     value = t_ ? v : value;
     input = t_ ? x : input;
@@ -101,13 +103,17 @@ struct Best {
   }
 };
 
-template <typename scalar_t, typename index_t, bool SAVE>
+// The mixed form (out_t float) keeps the inference shortcut: rounding the first LeakyReLU through scalar_t is
+// non-decreasing, and a value it overflows to inf times the finite non-zero multiplier the shortcut requires is no
+// NaN.
+template <typename scalar_t, typename out_t, typename index_t, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kernel(
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
+    const scalar_t* __restrict__ x, const out_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t OWv, index_t OH, index_t ODOH, index_t C, index_t W, index_t plane, at::opmath_type<scalar_t> s1,
-    at::opmath_type<scalar_t> s2, scalar_t* __restrict__ out, scalar_t* __restrict__ sel,
+    at::opmath_type<scalar_t> s2, out_t* __restrict__ out, scalar_t* __restrict__ sel,
     uint8_t* __restrict__ off, const scalar_t* __restrict__ bias, bool monotone) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   constexpr int VEC = vec_outputs<scalar_t>();
   const bool has_bias = bias != nullptr;
   using In = Pack<scalar_t, 2 * VEC>;
@@ -124,7 +130,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
     for (int q = 0; q < 4; ++q) {
       r[q] = *reinterpret_cast<const In*>(x + base + (q >> 1) * plane + (q & 1) * W);
     }
-    Pack<scalar_t, VEC> o, sv;
+    Pack<out_t, VEC> o;
+    Pack<scalar_t, VEC> sv;
     if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
       if (monotone && monotone_channel(m, b)) {  // uniform per row: m and b are one channel's
 #pragma unroll
@@ -139,27 +146,27 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
               lo = min_nan(lo, v);
             }
           }
-          o.v[j] = static_cast<scalar_t>(epilogue(pre_activation(m > 0 ? hi : lo, b, has_bias), m, s1, s2));
+          o.v[j] = static_cast<out_t>(epilogue_via<mid_t>(pre_activation(m > 0 ? hi : lo, b, has_bias), m, s1, s2));
         }
-        *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+        store_pack(out + p * VEC, o);
         continue;
       }
     }
     Pack<uint8_t, VEC> ov;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      Best<scalar_t, acc_t> best;
+      Best<scalar_t, acc_t, mid_t> best;
       best.init(r[0].v[2 * j]);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         best.take(r[q].v[2 * j], m, s1, s2, b, has_bias, static_cast<uint8_t>(2 * q));
         best.take(r[q].v[2 * j + 1], m, s1, s2, b, has_bias, static_cast<uint8_t>(2 * q + 1));
       }
-      o.v[j] = static_cast<scalar_t>(best.value);
+      o.v[j] = static_cast<out_t>(best.value);
       sv.v[j] = best.input;
       ov.v[j] = best.tap;
     }
-    *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+    store_pack(out + p * VEC, o);
     if constexpr (SAVE) {
       *reinterpret_cast<Pack<scalar_t, VEC>*>(sel + p * VEC) = sv;
 #pragma unroll
@@ -168,13 +175,14 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ncdhw_kerne
   }
 }
 
-template <typename scalar_t, typename index_t, bool SAVE>
+template <typename scalar_t, typename out_t, typename index_t, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kernel(
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ mflat, bool per_channel, index_t total,
+    const scalar_t* __restrict__ x, const out_t* __restrict__ mflat, bool per_channel, index_t total,
     index_t Cv, index_t C, index_t OW, index_t OH, at::opmath_type<scalar_t> s1, at::opmath_type<scalar_t> s2,
-    scalar_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off,
+    out_t* __restrict__ out, scalar_t* __restrict__ sel, uint8_t* __restrict__ off,
     const scalar_t* __restrict__ bias, bool monotone) {
   using acc_t = at::opmath_type<scalar_t>;
+  using mid_t = mid_type<scalar_t, out_t>;
   constexpr int VEC = vec_outputs<scalar_t>() * 2;  // 16 bytes of channels per tap
   using In = Pack<scalar_t, VEC>;
   const index_t sw = C, sh = 2 * OW * C, sd = 4 * OH * OW * C;
@@ -199,7 +207,8 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     for (int t = 0; t < 8; ++t) {
       r[t] = *reinterpret_cast<const In*>(x + base + (t >> 2) * sd + ((t >> 1) & 1) * sh + (t & 1) * sw);
     }
-    Pack<scalar_t, VEC> o, sv;
+    Pack<out_t, VEC> o;
+    Pack<scalar_t, VEC> sv;
     if constexpr (!SAVE && std::is_same_v<acc_t, float>) {
       bool all_monotone = monotone;
 #pragma unroll
@@ -214,13 +223,14 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
             hi = max_nan(hi, v);
             lo = min_nan(lo, v);
           }
-          o.v[j] = static_cast<scalar_t>(epilogue(pre_activation(m[j] > 0 ? hi : lo, bv[j], has_bias), m[j], s1, s2));
+          o.v[j] = static_cast<out_t>(
+              epilogue_via<mid_t>(pre_activation(m[j] > 0 ? hi : lo, bv[j], has_bias), m[j], s1, s2));
         }
-        *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+        store_pack(out + p * VEC, o);
         continue;
       }
     }
-    Best<scalar_t, acc_t> best[VEC];
+    Best<scalar_t, acc_t, mid_t> best[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) best[j].init(r[0].v[j]);
 #pragma unroll
@@ -230,10 +240,10 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
     }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      o.v[j] = static_cast<scalar_t>(best[j].value);
+      o.v[j] = static_cast<out_t>(best[j].value);
       sv.v[j] = best[j].input;
     }
-    *reinterpret_cast<Pack<scalar_t, VEC>*>(out + p * VEC) = o;
+    store_pack(out + p * VEC, o);
     if constexpr (SAVE) {
       *reinterpret_cast<Pack<scalar_t, VEC>*>(sel + p * VEC) = sv;
 #pragma unroll
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) post_pool_forward_tiled2_ndhwc_kerne
 }
 
 // Launches the fast path if the geometry and alignment allow it; returns false otherwise.
-template <typename scalar_t, typename off_t, bool SAVE>
+template <typename scalar_t, typename out_t, typename off_t, bool SAVE>
 bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const at::Tensor& sel, const at::Tensor& off,
                            cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -258,9 +268,9 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
       return false;
     }
     const bool per_channel = f.multiplier.numel() != 1;
-    const scalar_t* m = f.multiplier.const_data_ptr<scalar_t>();
+    const out_t* m = f.multiplier.const_data_ptr<out_t>();
     const acc_t s1 = static_cast<acc_t>(f.s1), s2 = static_cast<acc_t>(f.s2);
-    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    out_t* o = out.mutable_data_ptr<out_t>();
     scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
     uint8_t* op = SAVE ? off.mutable_data_ptr<uint8_t>() : nullptr;
     const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
@@ -276,7 +286,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
       const dim3 grid(static_cast<unsigned>(num_blocks(total)));
       auto go = [&](auto idx) {
         using index_t = decltype(idx);
-        post_pool_forward_tiled2_ncdhw_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
+        post_pool_forward_tiled2_ncdhw_kernel<scalar_t, out_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.OW / VEC),
             static_cast<index_t>(g.OH), static_cast<index_t>(g.OD * g.OH), static_cast<index_t>(g.C),
             static_cast<index_t>(g.W), static_cast<index_t>(g.H * g.W), s1, s2, o, sp, op, bp, monotone);
@@ -290,7 +300,7 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
       const dim3 grid(static_cast<unsigned>(num_blocks(total)));
       auto go = [&](auto idx) {
         using index_t = decltype(idx);
-        post_pool_forward_tiled2_ndhwc_kernel<scalar_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
+        post_pool_forward_tiled2_ndhwc_kernel<scalar_t, out_t, index_t, SAVE><<<grid, kThreads, 0, stream>>>(
             x, m, per_channel, static_cast<index_t>(total), static_cast<index_t>(g.C / VEC),
             static_cast<index_t>(g.C), static_cast<index_t>(g.OW), static_cast<index_t>(g.OH), s1, s2, o, sp, op, bp,
             monotone);
@@ -302,39 +312,50 @@ bool launch_forward_tiled2(const ForwardInputs& f, const at::Tensor& out, const 
   }
 }
 
-template <typename scalar_t, typename off_t, bool SAVE>
+template <typename scalar_t, typename out_t, typename off_t, bool SAVE>
 void launch_forward(const ForwardInputs& f, const at::Tensor& out, const at::Tensor& sel, const at::Tensor& off,
                     cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const PoolGeometry& g = f.g;
   const Strides st = input_strides(g);
   const scalar_t* x = f.input.const_data_ptr<scalar_t>();
-  const scalar_t* m = f.multiplier.const_data_ptr<scalar_t>();
+  const out_t* m = f.multiplier.const_data_ptr<out_t>();
   const int64_t ms = f.multiplier.numel() == 1 ? 0 : 1;
   const acc_t s1 = static_cast<acc_t>(f.s1), s2 = static_cast<acc_t>(f.s2);
-  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  out_t* o = out.mutable_data_ptr<out_t>();
   scalar_t* sp = SAVE ? sel.mutable_data_ptr<scalar_t>() : nullptr;
   off_t* op = SAVE ? off.mutable_data_ptr<off_t>() : nullptr;
   const scalar_t* bp = f.bias.defined() ? f.bias.const_data_ptr<scalar_t>() : nullptr;
-  if (launch_forward_tiled2<scalar_t, off_t, SAVE>(f, out, sel, off, stream)) return;
+  if (launch_forward_tiled2<scalar_t, out_t, off_t, SAVE>(f, out, sel, off, stream)) return;
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
   const dim3 grid(static_cast<unsigned>(num_blocks(g.output_numel())));
   if (g.channels_last) {
     if (k2) {
-      post_pool_forward_kernel<scalar_t, off_t, true, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
+      post_pool_forward_kernel<scalar_t, out_t, off_t, true, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      post_pool_forward_kernel<scalar_t, off_t, true, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
+      post_pool_forward_kernel<scalar_t, out_t, off_t, true, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   } else {
     if (k2) {
-      post_pool_forward_kernel<scalar_t, off_t, false, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
+      post_pool_forward_kernel<scalar_t, out_t, off_t, false, 2, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      post_pool_forward_kernel<scalar_t, off_t, false, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
+      post_pool_forward_kernel<scalar_t, out_t, off_t, false, 0, SAVE><<<grid, kThreads, 0, stream>>>(x, m, ms, g, st, s1, s2, o, sp, op, bp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
+  }
+}
+
+template <typename scalar_t, typename out_t>
+void launch_forward_typed(const ForwardInputs& f, const ForwardOutputs& o, cudaStream_t stream) {
+  if (!o.save()) {
+    launch_forward<scalar_t, out_t, uint8_t, false>(f, o.out, o.selected, o.offsets, stream);
+  } else if (f.g.offset_dtype() == at::kByte) {
+    launch_forward<scalar_t, out_t, uint8_t, true>(f, o.out, o.selected, o.offsets, stream);
+  } else {
+    launch_forward<scalar_t, out_t, int32_t, true>(f, o.out, o.selected, o.offsets, stream);
   }
 }
 
@@ -342,14 +363,14 @@ void launch_forward(const ForwardInputs& f, const at::Tensor& out, const at::Ten
 
 void launch_forward_cuda(const ForwardInputs& f, const ForwardOutputs& o) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (is_mixed(f.input.scalar_type(), f.multiplier.scalar_type())) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(f.input.scalar_type(), "fused_post_pool_cuda_mixed", [&] {
+      launch_forward_typed<scalar_t, float>(f, o, stream);
+    });
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.input.scalar_type(), "fused_post_pool_cuda", [&] {
-    if (!o.save()) {
-      launch_forward<scalar_t, uint8_t, false>(f, o.out, o.selected, o.offsets, stream);
-    } else if (f.g.offset_dtype() == at::kByte) {
-      launch_forward<scalar_t, uint8_t, true>(f, o.out, o.selected, o.offsets, stream);
-    } else {
-      launch_forward<scalar_t, int32_t, true>(f, o.out, o.selected, o.offsets, stream);
-    }
+    launch_forward_typed<scalar_t, scalar_t>(f, o, stream);
   });
 }
 

@@ -5,6 +5,7 @@
 #include "common/cuda_device.h"
 #include "post_pool/post_pool.h"
 
+#include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace fused {
@@ -90,6 +92,53 @@ template <typename scalar_t>
 constexpr int vec_outputs() {
   return sizeof(scalar_t) >= 8 ? 1 : 8 / static_cast<int>(sizeof(scalar_t));
 }
+
+// N elements at p as 16-byte (or smaller) packs: a Pack wider than 16 bytes (the mixed form's float outputs
+// beside 16-bit inputs) would promise an alignment the host checks do not. A single access for packs of 16 bytes
+// or less, as every same-dtype pack is.
+template <typename T, int N>
+constexpr int piece_elems() {
+  return N * sizeof(T) > 16 ? 16 / static_cast<int>(sizeof(T)) : N;
+}
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  constexpr int P = piece_elems<T, N>();
+  if constexpr (P == N) {
+    return *reinterpret_cast<const Pack<T, N>*>(p);
+  } else {
+    static_assert(N % P == 0, "pieces must tile the pack");
+    Pack<T, N> r;
+#pragma unroll
+    for (int k = 0; k < N / P; ++k) {
+      const Pack<T, P> q = *reinterpret_cast<const Pack<T, P>*>(p + k * P);
+#pragma unroll
+      for (int e = 0; e < P; ++e) r.v[k * P + e] = q.v[e];
+    }
+    return r;
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
+  constexpr int P = piece_elems<T, N>();
+  if constexpr (P == N) {
+    *reinterpret_cast<Pack<T, N>*>(p) = v;
+  } else {
+    static_assert(N % P == 0, "pieces must tile the pack");
+#pragma unroll
+    for (int k = 0; k < N / P; ++k) {
+      Pack<T, P> q;
+#pragma unroll
+      for (int e = 0; e < P; ++e) q.v[e] = v.v[k * P + e];
+      *reinterpret_cast<Pack<T, P>*>(p + k * P) = q;
+    }
+  }
+}
+
+// The mixed form (float16/bfloat16 input, float32 multiplier and output): out_t, the output's (multiplier's,
+// grad_output's) element type, differs from scalar_t, the input's, and the first LeakyReLU is rounded through
+// scalar_t (epilogue_via's mid_t); with one dtype mid_t is acc_t and nothing is rounded.
+template <typename scalar_t, typename out_t>
+using mid_type = std::conditional_t<std::is_same_v<scalar_t, out_t>, at::opmath_type<scalar_t>, scalar_t>;
 
 // The fast paths' geometry: 2x2x2 windows tiling the whole input (D, H, W = 2*OD, 2*OH, 2*OW).
 inline bool tiles_2x2x2(const PoolGeometry& g) {

@@ -1,9 +1,9 @@
-// The fused transposed-convolution kernels for TF32 tensor cores (float32 operands rounded to nearest); one file per
-// precision so that the instantiations compile in parallel.
+// The fused transposed-convolution kernels for float32 operands on TF32 tensor cores, output in the operands' dtype.
+// One file per precision and output form, so that the instantiations compile in parallel.
 #include "conv_transpose3d_post_pool/cuda/kernel.cuh"
 
 namespace fused {
 namespace conv_transpose3d_post_pool {
-template void launch_mode<Mode::kTF32>(const Params& p, int mt, bool train, cudaStream_t stream);
+template void launch_form<Mode::kTF32, false>(const Params& p, int mt, bool train, cudaStream_t stream);
 }  // namespace conv_transpose3d_post_pool
 }  // namespace fused
