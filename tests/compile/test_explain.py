@@ -266,7 +266,8 @@ def test_the_pass_refusals_are_reported_with_their_reasons():
     ex = torch_fused_ops.explain(pass_refusals, *[a.clone() for a in args], verbose=False)
     records, _ = rewritten(pass_refusals, *[a.clone() for a in args])
     a, b, c, d, e, f = ex.chains
-    assert refused(a, "mul").reasons == ("the multiply promotes float32 * float64",)
+    assert refused(a, "mul").reasons == ("the multiply promotes float32 * float64 (of the promoting products only "
+                                         "a float32 multiplier of a float16/bfloat16 input fuses)",)
     assert a.steps == ("leaky_relu", "max_pool3d")
     assert refused(b, "leaky_relu").reasons[0].startswith("its output has other users (")
     assert b.steps == ("mul", "leaky_relu", "max_pool3d") and b.op == "fused.post_pool"

@@ -254,7 +254,9 @@ NEGATIVE_CASES = {
                            lambda d: torch.linspace(0.5, 1.5, NEG_SHAPE[-1], device=d).view(1, 1, 1, 1, -1)),
     "multiplier_along_batch": (_plain, torch.float32,
                                lambda d: torch.linspace(-1.5, 1.5, 2 * C, device=d).view(2, C, 1, 1, 1)),
-    "mixed_dtypes_bf16_f32": (_plain, torch.bfloat16, lambda d: make_multiplier("C111", C, device=d)),
+    # (bfloat16 * float32 is autocast's mixed form, which fuses: test_pass_autocast.py.)
+    "mixed_dtypes_bf16_f64": (_plain, torch.bfloat16,
+                              lambda d: make_multiplier("C111", C, dtype=torch.float64, device=d)),
     "return_indices": (_with_indices, torch.float32, lambda d: make_multiplier("C111", C, device=d)),
     "inplace_leaky_on_graph_input": (_inplace_on_input, torch.float32, lambda d: make_multiplier("C111", C, device=d)),
 }

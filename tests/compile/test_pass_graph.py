@@ -225,7 +225,8 @@ NEGATIVES = {
     "multiplier_varies_along_W": (chain, "W", torch.float32),
     "multiplier_varies_along_batch": (chain, "NC111", torch.float32),
     "multiplier_varies_along_D": (chain, "C11", torch.float32),
-    "mixed_dtype_bf16_input_f32_multiplier": (chain, "C111_f32", torch.bfloat16),
+    # (A float32 multiplier of a bfloat16 input is autocast's mixed form, which fuses: test_pass_autocast.py.)
+    "mixed_dtype_bf16_input_f64_multiplier": (chain, "C111_f64", torch.bfloat16),
     "return_indices": (_neg_return_indices, "C111", torch.float32),
     "inplace_first_leaky_on_graph_input": (_neg_inplace_on_input, "C111", torch.float32),
     "python_float_multiplier": (_neg_scalar_python_float, "C111", torch.float32),
@@ -241,8 +242,8 @@ def _neg_multiplier(kind, dtype, device):
         return (torch.rand(n, c, 1, 1, 1, generator=g) + 0.5).to(device, dtype)
     if kind == "C11":  # (C,1,1) broadcasts along D, not C
         return (torch.rand(d, 1, 1, generator=g) + 0.5).to(device, dtype)
-    if kind == "C111_f32":
-        return mult("C111", torch.float32, device)
+    if kind == "C111_f64":
+        return mult("C111", torch.float64, device)
     return mult(kind, dtype, device)
 
 
@@ -255,7 +256,7 @@ PARTIAL_OUTCOME = {
     "multiplier_varies_along_W": (1, 1, 1),       # leaky -> pool on the product
     "multiplier_varies_along_batch": (1, 1, 1),
     "multiplier_varies_along_D": (1, 1, 1),
-    "mixed_dtype_bf16_input_f32_multiplier": (1, 1, 1),  # leaky -> pool on the float32 product
+    "mixed_dtype_bf16_input_f64_multiplier": (1, 1, 1),  # leaky -> pool on the float64 product
     "return_indices": None,
     "inplace_first_leaky_on_graph_input": (1, 1, 0),  # the in-place LeakyReLU stays (it mutates the input)
     "python_float_multiplier": (1, 1, 1),

@@ -207,7 +207,7 @@ def r_mul_varies_along_w(x, m):
 
 
 def r_mul_promotes(x, m):
-    return F.max_pool3d(F.leaky_relu(x.to(torch.bfloat16) * m, 0.3), 2)
+    return F.max_pool3d(F.leaky_relu(x * m.double(), 0.3), 2)
 
 
 def r_pool_4d(x, m):
@@ -223,7 +223,7 @@ REFUSED = {
     "inplace_leaky_on_graph_input": (r_inplace_on_input, "C111", (0, 1, 0)),
     "inplace_leaky_on_view": (r_inplace_on_view, "C111", (0, 1, 0)),
     "multiplier_varies_along_W": (r_mul_varies_along_w, "W", (0, 0, 1)),
-    "multiplier_promotes_dtype": (r_mul_promotes, "C111", (1, 0, 1)),  # leaky -> pool on the float32 product
+    "multiplier_promotes_dtype": (r_mul_promotes, "C111", (1, 0, 1)),  # leaky -> pool on the float64 product
     "unbatched_4d_pool": (r_pool_4d, "C111", (0, 1, 0)),
 }
 

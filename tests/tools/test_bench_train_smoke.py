@@ -16,7 +16,7 @@ def test_bench_train_cpu_tiny(tmp_path, capsys):
     second = capsys.readouterr().out
 
     for label in ("TF32, x without grad", "TF32, x requiring grad", "bfloat16, x without grad",
-                  "strict float32 (TF32 off), x without grad"):
+                  "strict float32 (TF32 off), x without grad", "autocast bfloat16 (float32 model), x without grad"):
         assert f"| {label} | eager |" in first
     assert "| torch.compile, pass on |" in second and "| config | Model | wall us |" in second
     assert (tmp_path / "bench_train.md").read_text().strip() in second
@@ -25,7 +25,7 @@ def test_bench_train_cpu_tiny(tmp_path, capsys):
     rows = data["rows"]
     assert [(r["config"], r["impl"]) for r in rows] == [
         ("tf32", "eager"), ("tf32-xgrad", "eager"), ("bf16", "eager"), ("strict", "eager"),
-        ("tf32", "torch.compile, pass on")]
+        ("autocast-bf16", "eager"), ("tf32", "torch.compile, pass on")]
     for r in rows:
         assert r["batch"] == 1 and r["input"] == [4, 8, 8] and r["device"] == "cpu"
         assert math.isfinite(r["device_us"]) and r["device_us"] > 0
