@@ -8,6 +8,7 @@ import torch
 
 import torch_fused_ops
 from fused_testing import HAS_CUDA
+from pass_testing import _isolated_inductor  # noqa: F401  (autouse: no compile caches, fresh dynamo state)
 from torch_fused_ops.compile import fusion_pass, pass_config
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 
@@ -95,23 +96,30 @@ def test_cuda_autocast_inference_takes_fused_conv(dtype, dynamic):
     assert rel(out) <= 1.5 * rel(want) + 2 * torch.finfo(dtype).eps
 
 
+def _integer_model(cin=16, cout=32):
+    """The Model with integer-valued parameters: with inputs in {-1, 0, 1} every convolution output is an integer
+    of at most 8 * 16 + 1, exact in float16 and bfloat16, so the compiled graph's fused convolution selects in every
+    window what eager's does (random data can select another tap in near-tied windows, in either)."""
+    model = ConvTransposeLeakyMulLeakyPool(cin, cout, multiplier_shape=(cout, 1, 1, 1))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in (model.conv_transpose.weight, model.conv_transpose.bias):
+            p.copy_(torch.randint(-1, 2, p.shape, generator=gen))
+        model.multiplier.copy_(torch.randint(-2, 3, model.multiplier.shape, generator=gen) * 0.5)
+    return model
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF)
 def test_cuda_autocast_training_takes_fused_conv(dtype):
-    torch.manual_seed(0)
-    model = ConvTransposeLeakyMulLeakyPool().cuda()
-    x = torch.randn(2, 16, 4, 6, 6, device="cuda", requires_grad=True)
+    model = _integer_model().cuda()
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(-1, 2, (2, 16, 4, 6, 6), generator=gen).float().cuda().requires_grad_()
     params = [x, *model.parameters()]
-    g = torch.randn(2, 32, 4, 6, 6, device="cuda")
+    g = torch.randint(-2, 3, (2, 32, 4, 6, 6), generator=gen).float().cuda()
     with torch.autocast("cuda", dtype=dtype):
         want_out = model(x)
     want = torch.autograd.grad(want_out, params, g)
-    ref_params = [p.detach().double().requires_grad_() for p in params]
-    ref_model = ConvTransposeLeakyMulLeakyPool().cuda().double()
-    with torch.no_grad():
-        for p, q in zip(ref_model.parameters(), ref_params[1:]):
-            p.copy_(q)
-    ref = torch.autograd.grad(ref_model(ref_params[0]), [ref_params[0], *ref_model.parameters()], g.double())
 
     from torch._inductor.utils import run_and_get_code
 
@@ -121,14 +129,15 @@ def test_cuda_autocast_training_takes_fused_conv(dtype):
     def step():
         with torch.autocast("cuda", dtype=dtype):
             out = compiled(x)
-        return torch.autograd.grad(out, params, g)
+        return out.detach(), torch.autograd.grad(out, params, g)
 
-    got, codes = run_and_get_code(step)
+    (out, got), codes = run_and_get_code(step)
     code = "\n".join(codes)
     assert "conv_transpose3d_post_pool_with_offsets" in code and "extern_kernels.convolution(" not in code
     assert "convolution_backward" not in code
-    eps = torch.finfo(dtype).eps
-    for name, a, e, r in zip(("input", "weight", "bias", "multiplier"), got, want, ref):
-        err = ((a.double() - r).norm() / r.norm()).item()
-        err_eager = ((e.double() - r).norm() / r.norm()).item()
-        assert err <= 2 * err_eager + 4 * eps, f"{name}: {err:.3e} vs eager autocast {err_eager:.3e}"
+    assert torch.equal(out, want_out)
+    # The convolution output's gradient is eager's bit for bit; the weight's and input's sum it in another order.
+    for name, a, e in zip(("input", "weight", "bias", "multiplier"), got, want):
+        assert a.dtype == torch.float32
+        err = ((a - e).norm() / e.norm()).item()
+        assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: relative error {err:.3e}"

@@ -65,30 +65,31 @@ def test_cpu_autocast_matches_eager_bit_for_bit():
 
 @pytest.mark.parametrize("device,dtype", PARAMS)
 def test_gradients_under_autocast(device, dtype):
-    x, w, b, m = make_random(2, 6, 10, (3, 4, 3), torch.float32, device, mult="mixed")
-    g = torch.randn(2, 10, 3, 4, 3, generator=torch.Generator().manual_seed(3)).to(device)
+    # Integer data and dyadic slopes: the convolution and every step of the chain are exact, so each window selects
+    # what eager's does (on random data a near-tied window may select another tap in either, which moves a whole
+    # window's gradient and makes norms of small problems noisy) and the convolution output's gradient is eager's
+    # bit for bit. What is left is the order of the sums in the weight's and input's gradients.
+    x, w, b, m = make_ints(2, 5, 11, (3, 4, 5), torch.float32, device)
+    g = torch.randint(-2, 3, (2, 11, 3, 4, 5), generator=torch.Generator().manual_seed(3)).float().to(device)
 
     def grads(fn):
         leaves = [t.detach().requires_grad_() for t in (x, w, b, m)]
         with torch.autocast(device, dtype=dtype):
-            out = fn(*leaves)
+            out = fn(*leaves, 0.25, 0.5)
         out.backward(g)
         return out.detach(), [t.grad for t in leaves]
 
     out_e, want = grads(eager_chain)
     out_f, got = grads(fused)
+    assert torch.equal(out_f, out_e)
     assert all(t.dtype == torch.float32 for t in got)
-    # float64 reference gradients of the same chain (no autocast): each op's error against it within 2x eager
-    # autocast's, plus a floor of a few ulps of the dtype (exact gradients make eager's error 0).
-    ref = [t.detach().double().cpu().requires_grad_() for t in (x, w, b, m)]
-    eager_chain(*ref).backward(g.double().cpu())
-    eps = torch.finfo(dtype).eps
-    for name, a, e, r in zip(("input", "weight", "bias", "multiplier"), got, want, ref):
-        err, err_eager = rel(a, r.grad), rel(e, r.grad)
-        assert err <= 2 * err_eager + 4 * eps, f"{name}: {err:.3e} vs eager autocast {err_eager:.3e}"
-    if device == "cpu":
-        for a, e in zip(got[:3], want[:3]):  # the same aten convolution backward on the same bf16 gradient
-            assert torch.equal(a, e)
+    for name, a, e in zip(("input", "weight", "bias", "multiplier"), got, want):
+        if device == "cpu" and name != "multiplier":
+            # The same aten convolution backward on the same gradient of the convolution's output.
+            assert torch.equal(a, e), name
+        else:
+            err = ((a - e).norm() / e.norm()).item()
+            assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: relative error {err:.3e}"
 
 
 @requires_cuda
