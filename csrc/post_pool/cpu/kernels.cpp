@@ -212,9 +212,39 @@ class Staging {
   std::vector<float> transient_;
 };
 
+// The mixed form's tensors in out_t (the output forward; grad_output backward) are float already: the kernels
+// read and write them in place. Same-dtype ones go through the staging like the input.
+template <typename scalar_t, typename out_t>
+at::opmath_type<scalar_t>* staged_out(Staging<scalar_t>& stage, out_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<out_t, scalar_t>) {
+    return stage.out(dst, n);
+  } else {
+    static_assert(std::is_same_v<out_t, at::opmath_type<scalar_t>>);
+    return dst;
+  }
+}
+template <typename scalar_t, typename out_t>
+const at::opmath_type<scalar_t>* staged_in(Staging<scalar_t>& stage, const out_t* src, int64_t n) {
+  if constexpr (std::is_same_v<out_t, scalar_t>) {
+    return stage.in(src, n);
+  } else {
+    static_assert(std::is_same_v<out_t, at::opmath_type<scalar_t>>);
+    return src;
+  }
+}
+
+// Whether the SIMD kernels take this (input, output) pair: every same-dtype pair, and bfloat16's mixed form
+// (float16's mixed form would need a vectorized float16 rounding; it takes the scalar paths).
+template <typename scalar_t, typename out_t>
+constexpr bool kSimd = std::is_same_v<scalar_t, out_t> ||
+                       (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<out_t, float>);
+template <typename scalar_t, typename out_t>
+constexpr bool kBf16Mid = !std::is_same_v<scalar_t, out_t>;
+
 // Contiguous, 2x2x2 exact tiling: rows of outputs through the vectorized row kernel.
-template <typename scalar_t>
-void forward_rows_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const PoolGeometry& g, double s1d, double s2d) {
+template <typename scalar_t, typename out_t>
+void forward_rows_2x2x2(const ForwardPtrs<scalar_t, uint8_t, out_t>& p, const PoolGeometry& g, double s1d,
+                        double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
   const Strides st = input_strides(g);
@@ -227,19 +257,24 @@ void forward_rows_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const PoolGeome
       const auto x =
           stage.in(Quad<const scalar_t>{p.x + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, 2 * g.OW);
       const int64_t o = r * g.OW;
-      acc_t* out = stage.out(p.out + o, g.OW);
+      acc_t* out = staged_out(stage, p.out + o, g.OW);
       acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW);
       uint8_t* off = p.off == nullptr ? nullptr : p.off + o;
-      simd::row_2x2x2(x.line(0, 0), x.line(0, 1), x.line(1, 0), x.line(1, 1), g.OW,
-                      static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]), s1, s2, out, sel, off);
+      const acc_t m = static_cast<acc_t>(p.m[(nc % g.C) * p.m_stride]);
+      if constexpr (kBf16Mid<scalar_t, out_t>) {
+        simd::row_2x2x2_bf16_mid(x.line(0, 0), x.line(0, 1), x.line(1, 0), x.line(1, 1), g.OW, m, s1, s2, out, sel,
+                                 off);
+      } else {
+        simd::row_2x2x2(x.line(0, 0), x.line(0, 1), x.line(1, 0), x.line(1, 1), g.OW, m, s1, s2, out, sel, off);
+      }
       stage.store();
     }
   });
 }
 
 // channels_last_3d, 2x2x2 exact tiling: a row of pooled positions per call of the vectorized kernel.
-template <typename scalar_t>
-void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const PoolGeometry& g, double s1d,
+template <typename scalar_t, typename out_t>
+void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, uint8_t, out_t>& p, const PoolGeometry& g, double s1d,
                                  double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
@@ -256,10 +291,14 @@ void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const 
       const auto x =
           stage.in(Quad<const scalar_t>{p.x + n * st.n + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, line);
       const int64_t o = r * g.OW * g.C;
-      acc_t* out = stage.out(p.out + o, g.OW * g.C);
+      acc_t* out = staged_out(stage, p.out + o, g.OW * g.C);
       acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.OW * g.C);
       uint8_t* off = p.off == nullptr ? nullptr : p.off + o;
-      simd::channels_row_2x2x2(x.p, x.sh, x.sd, g.OW, g.C, m.data(), s1, s2, out, sel, off);
+      if constexpr (kBf16Mid<scalar_t, out_t>) {
+        simd::channels_row_2x2x2_bf16_mid(x.p, x.sh, x.sd, g.OW, g.C, m.data(), s1, s2, out, sel, off);
+      } else {
+        simd::channels_row_2x2x2(x.p, x.sh, x.sd, g.OW, g.C, m.data(), s1, s2, out, sel, off);
+      }
       stage.store();
     }
   });
@@ -268,8 +307,8 @@ void forward_channels_last_2x2x2(const ForwardPtrs<scalar_t, uint8_t>& p, const 
 // channels_last_3d, any window: per pooled position, each in-range tap is folded into the running max of all C
 // channels by the vectorized channel kernel, in window order (float16/bfloat16 on float copies of each tap's C
 // channels).
-template <typename scalar_t, typename off_t>
-void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const PoolGeometry& g, double s1d,
+template <typename scalar_t, typename off_t, typename out_t>
+void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGeometry& g, double s1d,
                                 double s2d) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t s1 = static_cast<acc_t>(s1d), s2 = static_cast<acc_t>(s2d);
@@ -284,7 +323,7 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
       position_coords(pos, g, n, od, oh, ow);
       const TapRange t = tap_range(g, od, oh, ow);
       const int64_t o = pos * g.C;
-      acc_t* out = stage.out(p.out + o, g.C);
+      acc_t* out = staged_out(stage, p.out + o, g.C);
       acc_t* sel = p.sel == nullptr ? nullptr : stage.out(p.sel + o, g.C);
       uint8_t* off8 = nullptr;
       int32_t* off32 = nullptr;
@@ -314,8 +353,13 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
           for (int64_t jw = t.jw0; jw < t.jw1; ++jw) {
             const scalar_t* x =
                 xn + (t.d0 + jd * g.dd) * st.d + (t.h0 + jh * g.dh) * st.h + (t.w0 + jw * g.dw) * st.w;
-            simd::channels_tap(stage.in_transient(x, g.C), m.data(), g.C, s1, s2,
-                               static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw), out, sel, off8, off32);
+            const int32_t tap = static_cast<int32_t>((jd * g.kh + jh) * g.kw + jw);
+            if constexpr (kBf16Mid<scalar_t, out_t>) {
+              simd::channels_tap_bf16_mid(stage.in_transient(x, g.C), m.data(), g.C, s1, s2, tap, out, sel, off8,
+                                          off32);
+            } else {
+              simd::channels_tap(stage.in_transient(x, g.C), m.data(), g.C, s1, s2, tap, out, sel, off8, off32);
+            }
           }
         }
       }
@@ -327,9 +371,8 @@ void forward_channels_last_simd(const ForwardPtrs<scalar_t, off_t>& p, const Poo
 template <typename scalar_t, typename off_t, typename out_t>
 void forward_dispatch(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGeometry& g, double s1, double s2) {
   const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-  // The bias ops and the mixed form (the SIMD kernels round nothing between the two LeakyReLUs) take the scalar
-  // paths.
-  if (p.bias != nullptr || !std::is_same_v<scalar_t, out_t>) {
+  // The bias ops and float16's mixed form take the scalar paths.
+  if (p.bias != nullptr || !kSimd<scalar_t, out_t>) {
     if (g.channels_last) {
       forward_channels_last_scalar(p, g, s1, s2);
     } else if (k2) {
@@ -339,7 +382,7 @@ void forward_dispatch(const ForwardPtrs<scalar_t, off_t, out_t>& p, const PoolGe
     }
     return;
   }
-  if constexpr (std::is_same_v<scalar_t, out_t>) {
+  if constexpr (kSimd<scalar_t, out_t>) {
     if (g.channels_last) {
       if constexpr (std::is_same_v<off_t, uint8_t>) {
         if (k2) {
@@ -480,8 +523,8 @@ void backward_kernels(const out_t* go, const scalar_t* sel, const off_t* off, co
 
 // 2x2x2 exact tiling: per-output window writes through the vectorized helpers; every element inside a window is
 // written, elements past the last window are zeroed first.
-template <typename scalar_t>
-void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off, const scalar_t* mflat,
+template <typename scalar_t, typename out_t>
+void backward_2x2x2(const out_t* go, const scalar_t* sel, const uint8_t* off, const out_t* mflat,
                     int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
                     at::opmath_type<scalar_t>* contrib) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -497,9 +540,15 @@ void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off,
         const auto gx =
             stage.out(Quad<scalar_t>{gi + nc * st.c + (2 * od) * st.d + (2 * oh) * st.h, st.h, st.d}, 2 * g.OW);
         const int64_t o = r * g.OW;
-        simd::row_2x2x2_backward(stage.in(go + o, g.OW), stage.in(sel + o, g.OW), off + o, g.OW,
-                                 static_cast<acc_t>(mflat[(nc % g.C) * m_stride]), s1, s2, gx.line(0, 0),
-                                 gx.line(0, 1), gx.line(1, 0), gx.line(1, 1), contrib + o);
+        const acc_t m = static_cast<acc_t>(mflat[(nc % g.C) * m_stride]);
+        if constexpr (kBf16Mid<scalar_t, out_t>) {
+          simd::row_2x2x2_backward_bf16_mid(staged_in(stage, go + o, g.OW), stage.in(sel + o, g.OW), off + o, g.OW,
+                                            m, s1, s2, gx.line(0, 0), gx.line(0, 1), gx.line(1, 0), gx.line(1, 1),
+                                            contrib + o);
+        } else {
+          simd::row_2x2x2_backward(staged_in(stage, go + o, g.OW), stage.in(sel + o, g.OW), off + o, g.OW, m, s1,
+                                   s2, gx.line(0, 0), gx.line(0, 1), gx.line(1, 0), gx.line(1, 1), contrib + o);
+        }
         stage.store();
       }
     });
@@ -520,8 +569,13 @@ void backward_2x2x2(const scalar_t* go, const scalar_t* sel, const uint8_t* off,
       acc_t* taps[8];
       for (int t = 0; t < 8; ++t) taps[t] = gx.line(t >> 2, (t >> 1) & 1) + (t & 1) * g.C;
       const int64_t o = pos * g.C;
-      simd::channels_2x2x2_backward(stage.in(go + o, g.C), stage.in(sel + o, g.C), off + o, m.data(), g.C, s1, s2,
-                                    taps, contrib + o, scratch.data());
+      if constexpr (kBf16Mid<scalar_t, out_t>) {
+        simd::channels_2x2x2_backward_bf16_mid(staged_in(stage, go + o, g.C), stage.in(sel + o, g.C), off + o,
+                                               m.data(), g.C, s1, s2, taps, contrib + o, scratch.data());
+      } else {
+        simd::channels_2x2x2_backward(staged_in(stage, go + o, g.C), stage.in(sel + o, g.C), off + o, m.data(), g.C,
+                                      s1, s2, taps, contrib + o, scratch.data());
+      }
       stage.store();
     }
   });
@@ -542,12 +596,12 @@ void backward_typed(const BackwardInputs& b, const at::Tensor& grad_input, const
     acc_t* cb = parts.bias.defined() ? parts.bias.mutable_data_ptr<acc_t>() : nullptr;
     const double s1 = b.s1, s2 = b.s2;
     const bool k2 = g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2;
-    // The SIMD 2x2x2 kernels round nothing between the two LeakyReLUs: the mixed form takes the scalar path.
+    // float16's mixed form takes the scalar path (kSimd).
     if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(off_ptr)>>, uint8_t> &&
-                  std::is_same_v<scalar_t, out_t>) {
+                  kSimd<scalar_t, out_t>) {
       if (bp == nullptr && k2) {
         if (g.OD * 2 != g.D || g.OH * 2 != g.H || g.OW * 2 != g.W) grad_input.zero_();
-        std::apply([&](auto... a) { backward_2x2x2<scalar_t>(a..., g, s1, s2, gi, ct); }, args);
+        std::apply([&](auto... a) { backward_2x2x2<scalar_t, out_t>(a..., g, s1, s2, gi, ct); }, args);
         return;
       }
     }

@@ -16,16 +16,40 @@ namespace post_pool {
 namespace simd {
 namespace {
 
-template <typename T>
+// A float rounded to bfloat16 and widened back, as c10::BFloat16(float) rounds (to nearest even; every NaN becomes
+// 0x7FC0): the mixed form's first LeakyReLU (csrc/common/epilogue.h, round_through), branch-free so that it
+// vectorizes with the loops around it.
+inline float round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;
+  const uint32_t out = f != f ? 0x7FC00000u : rounded;
+  float r;
+  std::memcpy(&r, &out, sizeof(r));
+  return r;
+}
+
+// RB: the mixed form of a bfloat16 input (float32 multiplier and output), whose first LeakyReLU is rounded to
+// bfloat16; only with T = float.
+template <typename T, bool RB>
+inline T mid(T v) {
+  if constexpr (RB) {
+    return round_bf16(v);
+  } else {
+    return v;
+  }
+}
+
+template <typename T, bool RB = false>
 inline T epilogue(T x, T m, T s1, T s2) {
   const T a = x * s1;
-  const T y1 = x > T(0) ? x : a;
+  const T y1 = mid<T, RB>(x > T(0) ? x : a);
   const T y2 = y1 * m;
   const T b = y2 * s2;
   return y2 > T(0) ? y2 : b;
 }
 
-template <typename T, bool SAVE>
+template <typename T, bool SAVE, bool RB = false>
 inline void row_body(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2, const T* __restrict r3,
                      int64_t OW, T m, T s1, T s2, T* __restrict out, T* __restrict sel, uint8_t* __restrict off) {
   for (int64_t ow = 0; ow < OW; ++ow) {
@@ -36,7 +60,7 @@ inline void row_body(const T* __restrict r0, const T* __restrict r1, const T* __
 #define FUSED_STEP(ROW, JW, TAP)                         \
   {                                                      \
     const T x = ROW[2 * ow + JW];                        \
-    const T v = epilogue(x, m, s1, s2);                  \
+    const T v = epilogue<T, RB>(x, m, s1, s2);           \
     const bool take = (v > best) | (v != v);             \
     best = take ? v : best;                              \
     if (SAVE) {                                          \
@@ -61,12 +85,12 @@ inline void row_body(const T* __restrict r0, const T* __restrict r1, const T* __
   }
 }
 
-template <typename T, bool SAVE, typename Off>
+template <typename T, bool SAVE, typename Off, bool RB = false>
 inline void channels_body(const T* __restrict x, const T* __restrict m, int64_t C, T s1, T s2, int32_t tap,
                           T* __restrict out, T* __restrict sel, Off* __restrict off) {
   for (int64_t c = 0; c < C; ++c) {
     const T xv = x[c];
-    const T v = epilogue(xv, m[c], s1, s2);
+    const T v = epilogue<T, RB>(xv, m[c], s1, s2);
     const T best = out[c];
     const bool take = (v > best) | (v != v);
     out[c] = take ? v : best;
@@ -77,7 +101,7 @@ inline void channels_body(const T* __restrict x, const T* __restrict m, int64_t 
   }
 }
 
-template <typename T, bool SAVE>
+template <typename T, bool SAVE, bool RB = false>
 inline void channels_row_body(const T* __restrict x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
                               const T* __restrict m, T s1, T s2, T* __restrict out, T* __restrict sel,
                               uint8_t* __restrict off) {
@@ -94,7 +118,7 @@ inline void channels_row_body(const T* __restrict x, int64_t sh, int64_t sd, int
 #define FUSED_TAP(OFFSET, TAP)                          \
   {                                                     \
     const T xv = p[(OFFSET) + c];                       \
-    const T v = epilogue(xv, mc, s1, s2);               \
+    const T v = epilogue<T, RB>(xv, mc, s1, s2);        \
     const bool take = (v > best) | (v != v);            \
     best = take ? v : best;                             \
     if (SAVE) {                                         \
@@ -137,7 +161,7 @@ inline bool monotone_multiplier(T m) {
   return m != T(0) && m > -inf && m < inf;  // false for NaN too
 }
 
-template <typename T, bool UP>
+template <typename T, bool UP, bool RB = false>
 inline void row_monotone_body(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,
                               const T* __restrict r3, int64_t OW, T m, T s1, T s2, T* __restrict out) {
   const T qnan = std::numeric_limits<T>::quiet_NaN();
@@ -150,12 +174,12 @@ inline void row_monotone_body(const T* __restrict r0, const T* __restrict r1, co
       pick = (UP ? v[t] > pick : v[t] < pick) ? v[t] : pick;
       nan = nan | (v[t] != v[t]);
     }
-    const T e = epilogue(pick, m, s1, s2);
+    const T e = epilogue<T, RB>(pick, m, s1, s2);
     out[ow] = nan ? qnan : e;
   }
 }
 
-template <typename T>
+template <typename T, bool RB = false>
 inline void channels_row_monotone_body(const T* __restrict x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
                                        const T* __restrict m, T s1, T s2, T* __restrict out) {
   const T qnan = std::numeric_limits<T>::quiet_NaN();
@@ -173,7 +197,7 @@ inline void channels_row_monotone_body(const T* __restrict x, int64_t sh, int64_
         nan = nan | (v[t] != v[t]);
       }
       const T mc = m[c];
-      const T e = epilogue(mc > T(0) ? hi : lo, mc, s1, s2);
+      const T e = epilogue<T, RB>(mc > T(0) ? hi : lo, mc, s1, s2);
       o[c] = nan ? qnan : e;
     }
   }
@@ -189,21 +213,21 @@ inline bool all_monotone(const T* m, int64_t C, T s1, T s2) {
 
 // The chain rule as eager autograd applies it (leaky_relu_backward, mul backward, leaky_relu_backward), from
 // the gradient accumulated into zeros (0 + g, which turns -0 into +0 as eager's scatter does).
-template <typename T>
+template <typename T, bool RB = false>
 inline void chain(T g, T x, T m, T s1, T s2, T& gx, T& gm) {
   const T gsum = T(0) + g;
   const T a = x * s1;
-  const T y1 = x > T(0) ? x : a;
+  const T y1 = mid<T, RB>(x > T(0) ? x : a);
   const T y2 = y1 * m;
   const T b = gsum * s2;
   const T gy2 = y2 > T(0) ? gsum : b;
-  const T gy1 = gy2 * m;
+  const T gy1 = mid<T, RB>(gy2 * m);
   const T c = gy1 * s1;
   gx = x > T(0) ? gy1 : c;
   gm = gy2 * y1;
 }
 
-template <typename T>
+template <typename T, bool RB = false>
 inline void row_backward_body(const T* __restrict go, const T* __restrict sel, const uint8_t* __restrict off,
                               int64_t OW, T m, T s1, T s2, T* __restrict g0, T* __restrict g1, T* __restrict g2,
                               T* __restrict g3, T* __restrict contrib) {
@@ -217,7 +241,7 @@ inline void row_backward_body(const T* __restrict go, const T* __restrict sel, c
     const int64_t n = OW - base < kChunk ? OW - base : kChunk;
     for (int64_t i = 0; i < n; ++i) {
       T gm;
-      chain(go[base + i], sel[base + i], m, s1, s2, gx[i], gm);
+      chain<T, RB>(go[base + i], sel[base + i], m, s1, s2, gx[i], gm);
       contrib[base + i] = gm;
     }
     for (int q = 0; q < 4; ++q) {
@@ -232,13 +256,13 @@ inline void row_backward_body(const T* __restrict go, const T* __restrict sel, c
   }
 }
 
-template <typename T>
+template <typename T, bool RB = false>
 inline void channels_backward_body(const T* __restrict go, const T* __restrict sel, const uint8_t* __restrict off,
                                    const T* __restrict m, int64_t C, T s1, T s2, T* const* gi,
                                    T* __restrict contrib, T* __restrict gx) {
   for (int64_t c = 0; c < C; ++c) {
     T g, gm;
-    chain(go[c], sel[c], m[c], s1, s2, g, gm);
+    chain<T, RB>(go[c], sel[c], m[c], s1, s2, g, gm);
     gx[c] = g;
     contrib[c] = gm;
   }
@@ -260,43 +284,43 @@ inline void channels_backward_body(const T* __restrict go, const T* __restrict s
 #define FUSED_DISPATCH inline
 #endif
 
-template <typename T>
+template <typename T, bool RB = false>
 FUSED_DISPATCH void row_2x2x2_impl(const T* r0, const T* r1, const T* r2, const T* r3, int64_t OW, T m, T s1, T s2,
                                    T* out, T* sel, uint8_t* off) {
   if (sel != nullptr) {
-    row_body<T, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+    row_body<T, true, RB>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   } else if (monotone_slopes(s1, s2) && monotone_multiplier(m)) {
     if (m > T(0)) {
-      row_monotone_body<T, true>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      row_monotone_body<T, true, RB>(r0, r1, r2, r3, OW, m, s1, s2, out);
     } else {
-      row_monotone_body<T, false>(r0, r1, r2, r3, OW, m, s1, s2, out);
+      row_monotone_body<T, false, RB>(r0, r1, r2, r3, OW, m, s1, s2, out);
     }
   } else {
-    row_body<T, false>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+    row_body<T, false, RB>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
   }
 }
 
-template <typename T>
+template <typename T, bool RB = false>
 FUSED_DISPATCH void channels_row_2x2x2_impl(const T* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const T* m,
                                             T s1, T s2, T* out, T* sel, uint8_t* off) {
   if (sel != nullptr) {
-    channels_row_body<T, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+    channels_row_body<T, true, RB>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   } else if (all_monotone(m, C, s1, s2)) {
-    channels_row_monotone_body<T>(x, sh, sd, OW, C, m, s1, s2, out);
+    channels_row_monotone_body<T, RB>(x, sh, sd, OW, C, m, s1, s2, out);
   } else {
-    channels_row_body<T, false>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+    channels_row_body<T, false, RB>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
   }
 }
 
-template <typename T>
+template <typename T, bool RB = false>
 FUSED_DISPATCH void channels_tap_impl(const T* x, const T* m, int64_t C, T s1, T s2, int32_t tap, T* out, T* sel,
                                       uint8_t* off8, int32_t* off32) {
   if (sel == nullptr) {
-    channels_body<T, false, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+    channels_body<T, false, uint8_t, RB>(x, m, C, s1, s2, tap, out, sel, off8);
   } else if (off8 != nullptr) {
-    channels_body<T, true, uint8_t>(x, m, C, s1, s2, tap, out, sel, off8);
+    channels_body<T, true, uint8_t, RB>(x, m, C, s1, s2, tap, out, sel, off8);
   } else {
-    channels_body<T, true, int32_t>(x, m, C, s1, s2, tap, out, sel, off32);
+    channels_body<T, true, int32_t, RB>(x, m, C, s1, s2, tap, out, sel, off32);
   }
 }
 
@@ -355,6 +379,34 @@ FUSED_CLONES void channels_tap(const float* x, const float* m, int64_t C, float 
 FUSED_CLONES void channels_tap(const double* x, const double* m, int64_t C, double s1, double s2, int32_t tap,
                                double* out, double* sel, uint8_t* off8, int32_t* off32) {
   channels_tap_impl(x, m, C, s1, s2, tap, out, sel, off8, off32);
+}
+
+FUSED_CLONES void row_2x2x2_bf16_mid(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW,
+                                     float m, float s1, float s2, float* out, float* sel, uint8_t* off) {
+  row_2x2x2_impl<float, true>(r0, r1, r2, r3, OW, m, s1, s2, out, sel, off);
+}
+
+FUSED_CLONES void channels_row_2x2x2_bf16_mid(const float* x, int64_t sh, int64_t sd, int64_t OW, int64_t C,
+                                              const float* m, float s1, float s2, float* out, float* sel,
+                                              uint8_t* off) {
+  channels_row_2x2x2_impl<float, true>(x, sh, sd, OW, C, m, s1, s2, out, sel, off);
+}
+
+FUSED_CLONES void channels_tap_bf16_mid(const float* x, const float* m, int64_t C, float s1, float s2, int32_t tap,
+                                        float* out, float* sel, uint8_t* off8, int32_t* off32) {
+  channels_tap_impl<float, true>(x, m, C, s1, s2, tap, out, sel, off8, off32);
+}
+
+FUSED_CLONES void row_2x2x2_backward_bf16_mid(const float* go, const float* sel, const uint8_t* off, int64_t OW,
+                                              float m, float s1, float s2, float* g0, float* g1, float* g2,
+                                              float* g3, float* contrib) {
+  row_backward_body<float, true>(go, sel, off, OW, m, s1, s2, g0, g1, g2, g3, contrib);
+}
+
+FUSED_CLONES void channels_2x2x2_backward_bf16_mid(const float* go, const float* sel, const uint8_t* off,
+                                                   const float* m, int64_t C, float s1, float s2, float* const* gi,
+                                                   float* contrib, float* gx) {
+  channels_backward_body<float, true>(go, sel, off, m, C, s1, s2, gi, contrib, gx);
 }
 
 FUSED_CLONES void bf16_to_float(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {

@@ -1,7 +1,7 @@
-// Branch-free inner loops of the CPU forward for float and double, written so the compiler vectorizes them, and
-// compiled for several instruction sets (AVX-512, AVX2, baseline) picked at load time by the CPU (GCC/Clang
-// function multiversioning). Only these leaf functions are cloned, so no inline code from other headers is
-// ever built for an instruction set the machine may lack.
+// Branch-free inner loops of the CPU forward and backward for float and double (and bfloat16's mixed form),
+// written so the compiler vectorizes them, and compiled for several instruction sets (AVX-512, AVX2, baseline)
+// picked at load time by the CPU (GCC/Clang function multiversioning). Only these leaf functions are cloned, so no
+// inline code from other headers is ever built for an instruction set the machine may lack.
 //
 // Each step does exactly what scan_window does (same operations, same tap order, same update rule), so the
 // results are bit-identical to the scalar path; -ffp-contract=off keeps the compiler from fusing into FMAs.
@@ -49,6 +49,20 @@ void channels_2x2x2_backward(const float* go, const float* sel, const uint8_t* o
                              float s1, float s2, float* const* gi, float* contrib, float* gx);
 void channels_2x2x2_backward(const double* go, const double* sel, const uint8_t* off, const double* m, int64_t C,
                              double s1, double s2, double* const* gi, double* contrib, double* gx);
+
+// The mixed form of a bfloat16 input (float32 multiplier and output): the same kernels on float copies of the
+// input, with the first LeakyReLU rounded to bfloat16 as eager rounds it (and, backward, the product's gradient
+// before the first LeakyReLU's backward); bit-identical to the scalar path's epilogue_via / grad_input_via.
+void row_2x2x2_bf16_mid(const float* r0, const float* r1, const float* r2, const float* r3, int64_t OW, float m,
+                        float s1, float s2, float* out, float* sel, uint8_t* off);
+void channels_row_2x2x2_bf16_mid(const float* x, int64_t sh, int64_t sd, int64_t OW, int64_t C, const float* m,
+                                 float s1, float s2, float* out, float* sel, uint8_t* off);
+void channels_tap_bf16_mid(const float* x, const float* m, int64_t C, float s1, float s2, int32_t tap, float* out,
+                           float* sel, uint8_t* off8, int32_t* off32);
+void row_2x2x2_backward_bf16_mid(const float* go, const float* sel, const uint8_t* off, int64_t OW, float m,
+                                 float s1, float s2, float* g0, float* g1, float* g2, float* g3, float* contrib);
+void channels_2x2x2_backward_bf16_mid(const float* go, const float* sel, const uint8_t* off, const float* m,
+                                      int64_t C, float s1, float s2, float* const* gi, float* contrib, float* gx);
 
 // bfloat16 storage (raw 16 bits) <-> float for n contiguous values. Widening is exact; narrowing rounds to
 // nearest even and turns every NaN into 0x7FC0, exactly as c10::BFloat16(float) does, so the half-precision paths
