@@ -17,9 +17,11 @@
 #             TESTS="tests/a.py tests/b.py::test_x": only that selection, one pytest process, instead of the shards.
 #             TESTS_K="expr": -k for that selection (default none).  TEST_TIMEOUT: per shard, s (default 330).
 #   bench     python -m torch_fused_ops.tools.bench $BENCH_ARGS (default: the op at the small and the default size,
-#             the Model in fp32, bf16 and strict fp32: the table docs/performance.md keeps). BENCH_TIMEOUT (240).
-#   train     python -m torch_fused_ops.tools.bench_train $TRAIN_ARGS (default: every config, TF32 / TF32 with x requiring
-#             grad / bf16 / strict fp32, each eager, torch.compile without and with the pass: device, host and loop
+#             the Model in fp32, bf16, strict fp32 and under autocast bf16: the tables docs/performance.md keeps).
+#             BENCH_TIMEOUT (240).
+#   train     python -m torch_fused_ops.tools.bench_train $TRAIN_ARGS (default: every config but autocast fp16, TF32 /
+#             TF32 with x requiring grad / bf16 / strict fp32 / autocast bf16, each eager, torch.compile without
+#             and with the pass: device, host and loop
 #             time per training step, peak memory, largest allocation, floors, the pass-on steps' kernels), its
 #             tables appended to bench.md. TRAIN_TIMEOUT (300); 8 compilations, so alone or with TRAIN_ARGS="--configs
 #             tf32,tf32-xgrad" beside the bench.
@@ -208,7 +210,7 @@ if want bench; then
   if [ "$lim" = 0 ]; then skipped bench; else
     # shellcheck disable=SC2086
     timeout "$lim" python3 -m torch_fused_ops.tools.bench \
-      ${BENCH_ARGS:---shapes 1,32,8,16,16;16,32,32,64,64 --model-configs fp32,bf16,fp32-strict} --out "$T" \
+      ${BENCH_ARGS:---shapes 1,32,8,16,16;16,32,32,64,64 --model-configs fp32,bf16,fp32-strict,autocast-bf16} --out "$T" \
       > "$OUT/bench.md" 2> "$T/bench.log"
     rc=$?; [ $rc = 0 ] || rc_all=1
     note "bench: rc=$rc in $((SECONDS - t0)) s"
