@@ -5,6 +5,7 @@
 #include "common/arguments.h"
 #include "common/epilogue.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <limits>
+#include <type_traits>
 
 namespace fused {
 namespace post_pool {
@@ -87,6 +89,12 @@ inline bool is_mixed(at::ScalarType input, at::ScalarType multiplier) {
 inline at::ScalarType output_dtype(at::ScalarType input, at::ScalarType multiplier) {
   return is_mixed(input, multiplier) ? multiplier : input;
 }
+
+// The kernels' types: scalar_t the input's (selected, grad_input, a bias), out_t the output's (the multiplier,
+// grad_output): scalar_t, or float in the mixed form, whose first LeakyReLU is rounded through scalar_t (mid_t,
+// epilogue_via); mid_t = acc_t (no rounding) when the types match.
+template <typename scalar_t, typename out_t>
+using mid_type = std::conditional_t<std::is_same_v<scalar_t, out_t>, at::opmath_type<scalar_t>, scalar_t>;
 
 // The memory format the output takes: the one max_pool3d would give for this input.
 at::MemoryFormat output_memory_format(const at::Tensor& input);
@@ -371,16 +379,64 @@ C10_HOST_DEVICE inline acc_t gather_grad(
   return hit ? grad_input_via<mid_t>(sum, pre_activation(xsel, b, has_bias), m, s1, s2) : acc_t(0);
 }
 
+// The input element (d, h, w) of tap `off` of the window of output (od, oh, ow); it may lie in the padding.
+C10_HOST_DEVICE inline void tap_coords(const PoolGeometry& g, int64_t od, int64_t oh, int64_t ow, int64_t off,
+                                       int64_t& d, int64_t& h, int64_t& w) {
+  d = od * g.sd - g.pd + (off / (g.kw * g.kh)) * g.dd;
+  h = oh * g.sh - g.ph + ((off / g.kw) % g.kh) * g.dh;
+  w = ow * g.sw - g.pw + (off % g.kw) * g.dw;
+}
+
 // True when the tap recorded for an output lies inside the input (it does not for windows that are all padding,
 // where max_pool3d still reports an index).
 C10_HOST_DEVICE inline bool tap_in_bounds(const PoolGeometry& g, int64_t od, int64_t oh, int64_t ow, int64_t off) {
-  const int64_t jw = off % g.kw;
-  const int64_t jh = (off / g.kw) % g.kh;
-  const int64_t jd = off / (g.kw * g.kh);
-  const int64_t d = od * g.sd - g.pd + jd * g.dd;
-  const int64_t h = oh * g.sh - g.ph + jh * g.dh;
-  const int64_t w = ow * g.sw - g.pw + jw * g.dw;
+  int64_t d, h, w;
+  tap_coords(g, od, oh, ow, off, d, h, w);
   return d >= 0 && d < g.D && h >= 0 && h < g.H && w >= 0 && w < g.W;
+}
+
+// Whether output (od, oh, ow) of plane (n, c), whose saved tap is input (d, h, w), is the first output (in
+// gather_grad's order) whose saved tap is that input.
+template <bool CL, typename off_t>
+C10_HOST_DEVICE inline bool first_selector(const off_t* __restrict__ off, const PoolGeometry& g, int64_t n, int64_t c,
+                                           int64_t od, int64_t oh, int64_t ow, int64_t d, int64_t h, int64_t w) {
+  const OutputSpan sd_ = covering_outputs(d, g.pd, g.kd, g.sd, g.dd, g.OD);
+  const OutputSpan sh_ = covering_outputs(h, g.ph, g.kh, g.sh, g.dh, g.OH);
+  const OutputSpan sw_ = covering_outputs(w, g.pw, g.kw, g.sw, g.dw, g.OW);
+  for (int64_t od2 = sd_.lo; od2 <= sd_.hi; ++od2) {
+    const int64_t rd = d + g.pd - od2 * g.sd;
+    if (rd % g.dd != 0) continue;
+    for (int64_t oh2 = sh_.lo; oh2 <= sh_.hi; ++oh2) {
+      const int64_t rh = h + g.ph - oh2 * g.sh;
+      if (rh % g.dh != 0) continue;
+      for (int64_t ow2 = sw_.lo; ow2 <= sw_.hi; ++ow2) {
+        const int64_t rw = w + g.pw - ow2 * g.sw;
+        if (rw % g.dw != 0) continue;
+        if (od2 == od && oh2 == oh && ow2 == ow) return true;
+        const int64_t tap = ((rd / g.dd) * g.kh + rh / g.dh) * g.kw + rw / g.dw;
+        if (static_cast<int64_t>(off[output_index<CL>(g, n, c, od2, oh2, ow2)]) == tap) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The mixed form's bias-gradient contribution of output i = (n, c, od, oh, ow) of a general window, whose saved tap
+// is inside the input. The mixed form rounds grad * multiplier to the input's dtype (grad_input_via), which is not
+// linear: an input element that several overlapping windows selected has the bias gradient of its summed grads,
+// not the sum of each output's. The first output that selected it takes that whole gradient (gather_grad's, before
+// the cast to the input's dtype), the others none, so the sum over outputs is eager's.
+template <bool CL, typename go_t, typename scalar_t, typename acc_t, typename off_t, typename mid_t>
+C10_HOST_DEVICE inline acc_t selected_bias_grad(const go_t* __restrict__ go, const scalar_t* __restrict__ sel,
+                                                const off_t* __restrict__ off, const PoolGeometry& g, int64_t i,
+                                                int64_t n, int64_t c, int64_t od, int64_t oh, int64_t ow, acc_t m,
+                                                acc_t s1, acc_t s2, acc_t b) {
+  int64_t d, h, w;
+  tap_coords(g, od, oh, ow, static_cast<int64_t>(off[i]), d, h, w);
+  return first_selector<CL>(off, g, n, c, od, oh, ow, d, h, w)
+             ? gather_grad<CL, 0, 0, 0, go_t, scalar_t, acc_t, off_t, mid_t>(go, sel, off, g, n, c, d, h, w, m, s1,
+                                                                            s2, b, true)
+             : acc_t(0);
 }
 
 }  // namespace post_pool

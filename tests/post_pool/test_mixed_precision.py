@@ -111,6 +111,30 @@ def test_bias_form(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]])  # exact tiling, overlapping windows
+def test_bias_form_gradients(device, dtype, cfg):
+    # With overlapping windows an element several outputs selected gets the bias gradient of its summed gradient
+    # (the rounding of grad * multiplier is per element in eager), which the kernels give to its first selector.
+    x = make_input(SHAPE, dtype, device, "contiguous", seed=8)
+    m = make_multiplier("C111", SHAPE[1], torch.float32, device)
+    b = (torch.randn(SHAPE[1], generator=torch.Generator().manual_seed(4)) * 0.5).to(dtype=dtype, device=device)
+    g = torch.randn(eager(x, m, cfg, bias=b).shape, generator=torch.Generator().manual_seed(5)).to(device)
+    leaves_e = [t.detach().requires_grad_() for t in (x, b, m)]
+    eager(leaves_e[0], leaves_e[2], cfg, bias=leaves_e[1]).backward(g)
+    leaves = [t.detach().requires_grad_() for t in (x, b, m)]
+    OPS.post_pool_bias(leaves[0], leaves[1], leaves[2], 0.2, *op_args(cfg), None).backward(g)
+    assert_bitwise_equal(leaves[0].grad, leaves_e[0].grad)
+    # The bias gradient is a float sum rounded to the input's dtype: on CPU in eager's order (bit-equal), on CUDA
+    # in another (one rounding apart at most).
+    if device == "cpu":
+        assert_bitwise_equal(leaves[1].grad, leaves_e[1].grad)
+    else:
+        torch.testing.assert_close(leaves[1].grad, leaves_e[1].grad, rtol=torch.finfo(dtype).eps, atol=1e-6)
+    torch.testing.assert_close(leaves[2].grad, leaves_e[2].grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_batch(device):
     x = torch.randn(0, 3, 4, 4, 4, dtype=torch.bfloat16, device=device)
     m = torch.randn(3, 1, 1, 1, device=device)

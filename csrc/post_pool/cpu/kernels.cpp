@@ -19,12 +19,6 @@ namespace {
 
 constexpr int64_t kGrain = 2048;  // outputs per parallel task: enough to hide the scheduling cost
 
-// out_t: the output's (and multiplier's, and grad_output's) element type: scalar_t, or float in the mixed form
-// (float16/bfloat16 input, float32 multiplier), whose first LeakyReLU is rounded through the input's type (mid_t,
-// epilogue_via); mid_t = acc_t (no rounding) when the types match.
-template <typename scalar_t, typename out_t>
-using mid_type = std::conditional_t<std::is_same_v<scalar_t, out_t>, at::opmath_type<scalar_t>, scalar_t>;
-
 template <typename scalar_t, typename off_t, typename out_t = scalar_t>
 struct ForwardPtrs {
   const scalar_t* x;
@@ -441,32 +435,6 @@ namespace {
 
 // ---- backward -----------------------------------------------------------------------------------------------
 
-// Whether output (od, oh, ow) of plane (n, c), whose saved tap is input (d, h, w), is the first output (in
-// gather_grad's order) whose saved tap is that input.
-template <bool CL, typename off_t>
-inline bool first_selector(const off_t* off, const PoolGeometry& g, int64_t n, int64_t c, int64_t od, int64_t oh,
-                           int64_t ow, int64_t d, int64_t h, int64_t w) {
-  const OutputSpan sd_ = covering_outputs(d, g.pd, g.kd, g.sd, g.dd, g.OD);
-  const OutputSpan sh_ = covering_outputs(h, g.ph, g.kh, g.sh, g.dh, g.OH);
-  const OutputSpan sw_ = covering_outputs(w, g.pw, g.kw, g.sw, g.dw, g.OW);
-  for (int64_t od2 = sd_.lo; od2 <= sd_.hi; ++od2) {
-    const int64_t rd = d + g.pd - od2 * g.sd;
-    if (rd % g.dd != 0) continue;
-    for (int64_t oh2 = sh_.lo; oh2 <= sh_.hi; ++oh2) {
-      const int64_t rh = h + g.ph - oh2 * g.sh;
-      if (rh % g.dh != 0) continue;
-      for (int64_t ow2 = sw_.lo; ow2 <= sw_.hi; ++ow2) {
-        const int64_t rw = w + g.pw - ow2 * g.sw;
-        if (rw % g.dw != 0) continue;
-        if (od2 == od && oh2 == oh && ow2 == ow) return true;
-        const int64_t tap = ((rd / g.dd) * g.kh + rh / g.dh) * g.kw + rw / g.dw;
-        if (static_cast<int64_t>(off[output_index<CL>(g, n, c, od2, oh2, ow2)]) == tap) return false;
-      }
-    }
-  }
-  return true;
-}
-
 template <bool CL, int K, typename scalar_t, typename out_t, typename off_t>
 void backward_kernels(const out_t* go, const scalar_t* sel, const off_t* off, const out_t* mflat,
                       int64_t m_stride, const PoolGeometry& g, double s1d, double s2d, scalar_t* gi,
@@ -499,20 +467,11 @@ void backward_kernels(const out_t* go, const scalar_t* sel, const off_t* off, co
       contrib[i] = valid ? grad_multiplier_via<mid_t>(gs, x, m, s1, s2) : acc_t(0);
       if (has_bias) {
         acc_t cb = valid ? grad_input_via<mid_t>(gs, x, m, s1, s2) : acc_t(0);
+        // Overlapping windows (general K only) need the mixed form's first-selector rule (post_pool.h).
         if constexpr (K == 0 && !std::is_same_v<mid_t, acc_t>) {
-          // The mixed form rounds grad * multiplier to the input's dtype (grad_input_via), which is not linear: an
-          // input element that several overlapping windows selected has the bias gradient of its summed grads, not
-          // the sum of each output's. The first output that selected it takes that whole gradient (gather_grad's,
-          // before the cast to the input's dtype), the others none, so the sum over outputs is eager's.
           if (valid) {
-            const int64_t t = static_cast<int64_t>(off[i]);
-            const int64_t d = od * g.sd - g.pd + (t / (g.kw * g.kh)) * g.dd;
-            const int64_t h = oh * g.sh - g.ph + ((t / g.kw) % g.kh) * g.dh;
-            const int64_t w = ow * g.sw - g.pw + (t % g.kw) * g.dw;
-            cb = first_selector<CL>(off, g, n, c, od, oh, ow, d, h, w)
-                     ? gather_grad<CL, 0, 0, 0, out_t, scalar_t, acc_t, off_t, mid_t>(
-                           go, sel, off, g, n, c, d, h, w, m, s1, s2, static_cast<acc_t>(bias[c]), true)
-                     : acc_t(0);
+            cb = selected_bias_grad<CL, out_t, scalar_t, acc_t, off_t, mid_t>(go, sel, off, g, i, n, c, od, oh, ow, m,
+                                                                              s1, s2, static_cast<acc_t>(bias[c]));
           }
         }
         contrib_bias[i] = cb;

@@ -34,7 +34,7 @@ __device__ __forceinline__ float warp_sum_from(float v, int from) {
   return v;
 }
 
-// out_t: grad_output's and the multiplier's element type (scalar_t, or float in the mixed form; launch.cuh,
+// out_t: grad_output's and the multiplier's element type (scalar_t, or float in the mixed form; post_pool.h,
 // mid_type); selected, grad_input and the bias are scalar_t.
 template <typename scalar_t, typename out_t>
 struct BwdArgs {

@@ -20,7 +20,7 @@ namespace fused {
 namespace post_pool {
 namespace {
 
-// out_t: the output's and multiplier's element type (scalar_t, or float in the mixed form; launch.cuh, mid_type).
+// out_t: the output's and multiplier's element type (scalar_t, or float in the mixed form; post_pool.h, mid_type).
 template <typename scalar_t, typename out_t, typename off_t, bool CL, int K, bool SAVE>
 __global__ void __launch_bounds__(kThreads) post_pool_forward_kernel(
     const scalar_t* __restrict__ x, const out_t* __restrict__ mflat, int64_t m_stride, const PoolGeometry g,

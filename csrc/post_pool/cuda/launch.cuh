@@ -134,12 +134,6 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   }
 }
 
-// The mixed form (float16/bfloat16 input, float32 multiplier and output): out_t, the output's (multiplier's,
-// grad_output's) element type, differs from scalar_t, the input's, and the first LeakyReLU is rounded through
-// scalar_t (epilogue_via's mid_t); with one dtype mid_t is acc_t and nothing is rounded.
-template <typename scalar_t, typename out_t>
-using mid_type = std::conditional_t<std::is_same_v<scalar_t, out_t>, at::opmath_type<scalar_t>, scalar_t>;
-
 // The fast paths' geometry: 2x2x2 windows tiling the whole input (D, H, W = 2*OD, 2*OH, 2*OW).
 inline bool tiles_2x2x2(const PoolGeometry& g) {
   return g.exact_tiling && g.kd == 2 && g.kh == 2 && g.kw == 2 && g.D == 2 * g.OD && g.H == 2 * g.OH &&
