@@ -2,7 +2,8 @@
 
 A GPU is not needed to compile the CUDA kernels (CI compiles them on a CPU-only machine).
 Environment:
-  TORCH_CUDA_ARCH_LIST      architectures to build for (default "8.0;9.0")
+  TORCH_CUDA_ARCH_LIST      architectures to build for (default "8.0;9.0a"; 9.0a adds the Hopper kernel's
+                            wgmma machine code, which runs on compute capability 9.0 only, and the sm_90 code)
   TORCH_FUSED_OPS_NO_CUDA=1 build the CPU kernels only
   CUDA_HOME                 toolkit root; found from the real nvcc when unset
 """
@@ -26,7 +27,7 @@ def _load_harness_module():
 
 # CUDA_HOME from the real nvcc, also when the nvcc on PATH is a wrapper script (torch's guess then lacks lib64/).
 _load_harness_module().set_cuda_home()
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
 
 import torch  # noqa: E402  (CUDA_HOME must be set before cpp_extension reads it)
 from torch.utils import cpp_extension  # noqa: E402
@@ -54,6 +55,9 @@ if want_cuda:
     ext_kwargs["extra_compile_args"]["cxx"].append("-DWITH_CUDA")
     # No --use_fast_math: it flushes denormals and would break bit-exactness with eager PyTorch.
     ext_kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-DWITH_CUDA", "-lineinfo"]
+    # The launcher runs the sm_90a kernel (csrc/conv_transpose3d_post_pool/hopper/) only when it was compiled.
+    if any(a.strip().lower().startswith("9.0a") for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(",", ";").split(";")):
+        ext_kwargs["extra_compile_args"]["nvcc"].append("-DFUSED_SM90A")
     ext = cpp_extension.CUDAExtension("torch_fused_ops._C", sources, **ext_kwargs)
 else:
     ext = cpp_extension.CppExtension("torch_fused_ops._C", sources, **ext_kwargs)

@@ -6,6 +6,8 @@
 // (autograd, autocast, Python dispatch modes) still applies. Anything else makes them return None, and the
 // wrapper takes its Python path, which validates and raises. The wrappers call them only outside Dynamo's tracing
 // and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
+#include "conv_transpose3d_post_pool/contract.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -166,12 +168,30 @@ PyObject* post_pool(PyObject* /*module*/, PyObject* const* args, Py_ssize_t narg
   END_HANDLE_TH_ERRORS
 }
 
+// _conv_forward_kernel(choice): sets the fused convolution's forward kernel switch (contract.h: 0 auto, 1 the mma.sync
+// kernel) and returns the previous value; with None, only returns it. For tests and benchmarks.
+PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
+  const int previous = static_cast<int>(conv_forward_kernel_choice());
+  if (arg != Py_None) {
+    const long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return nullptr;
+    if (v != 0 && v != 1) {
+      PyErr_SetString(PyExc_ValueError, "_conv_forward_kernel: 0 (auto) or 1 (the mma.sync kernel)");
+      return nullptr;
+    }
+    conv_forward_kernel_choice() = static_cast<ConvForwardKernel>(v);
+  }
+  return PyLong_FromLong(previous);
+}
+
 PyMethodDef kMethods[] = {
     {"conv_transpose3d_post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                        &conv_transpose3d_post_pool)),
      METH_FASTCALL, "fused::conv_transpose3d_post_pool from the wrapper's plain arguments, or None"},
     {"post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&post_pool)), METH_FASTCALL,
      "fused::post_pool from the wrapper's plain arguments, or None"},
+    {"_conv_forward_kernel", &conv_forward_kernel, METH_O,
+     "sets the fused convolution's forward kernel (0 auto, 1 mma.sync) and returns the previous choice"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -24,14 +24,16 @@ struct DeviceFacts {
   int multiprocessors = 0;
   size_t shared_memory_optin = 0;
   int compute_capability_major = 0;
+  int compute_capability_minor = 0;
 };
 
 inline DeviceFacts query_device_facts(int device) {
-  int sms = 0, optin = 0, major = 0;
+  int sms = 0, optin = 0, major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return DeviceFacts{sms, static_cast<size_t>(optin), major};
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return DeviceFacts{sms, static_cast<size_t>(optin), major, minor};
 }
 
 // Asked of the runtime once per device ordinal (devices past kMaxCachedDevices are asked every time).
@@ -48,6 +50,8 @@ inline int multiprocessor_count(int device) { return device_facts(device).multip
 inline size_t shared_memory_optin(int device) { return device_facts(device).shared_memory_optin; }
 
 inline int compute_capability_major(int device) { return device_facts(device).compute_capability_major; }
+
+inline int compute_capability_minor(int device) { return device_facts(device).compute_capability_minor; }
 
 // One per kernel instantiation (a function-local static beside its launch): the dynamic shared memory each device
 // has been told the kernel may use. cudaFuncSetAttribute applies to the function on the current device and does not

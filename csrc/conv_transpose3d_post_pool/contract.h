@@ -39,4 +39,10 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
 // do not). Independent of the TF32 switch.
 bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device);
 
+// Which fused forward kernel the launcher runs, for tests and benchmarks that compare them (never set by the
+// operators): kAuto the sm_90a kernel where the GPU, the build and the arguments allow it, else the mma.sync one;
+// kMmaSync always the mma.sync kernel.
+enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1 };
+ConvForwardKernel& conv_forward_kernel_choice();
+
 }  // namespace fused

@@ -71,6 +71,21 @@ int chunk_words_for(at::ScalarType dtype, int64_t Cin, int64_t* padded_words = n
 
 int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(device)); }
 
+// Whether the sm_90a kernel runs: built for sm_90a (setup.py defines FUSED_SM90A then), a compute capability 9.0
+// GPU (sm_90a machine code runs on no other), TF32 or 16-bit operands (strict float32 keeps the mma.sync kernel's
+// three-product split), at most 16 input channels (its resident weights), and not switched off.
+bool hopper_applies(Mode mode, int64_t Cin, int device) {
+#if defined(FUSED_SM90A)
+  return conv_forward_kernel_choice() == ConvForwardKernel::kAuto && mode != Mode::kStrict && Cin <= 16 &&
+         compute_capability_major(device) == 9 && compute_capability_minor(device) == 0;
+#else
+  (void)mode;
+  (void)Cin;
+  (void)device;
+  return false;
+#endif
+}
+
 }  // namespace
 }  // namespace conv_transpose3d_post_pool
 
@@ -179,6 +194,20 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
+  if (hopper_applies(mode, Cin, device)) {
+    switch (mode) {
+      case Mode::kTF32:
+        return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, stream);
+      case Mode::kBF16:
+        return mixed ? hopper::launch_hopper_form<Mode::kBF16, true>(p, train, stream)
+                     : hopper::launch_hopper_form<Mode::kBF16, false>(p, train, stream);
+      case Mode::kFP16:
+        return mixed ? hopper::launch_hopper_form<Mode::kFP16, true>(p, train, stream)
+                     : hopper::launch_hopper_form<Mode::kFP16, false>(p, train, stream);
+      default:
+        break;
+    }
+  }
   switch (mode) {
     case Mode::kTF32:
       launch_form<Mode::kTF32, false>(p, mt, train, stream);

@@ -82,6 +82,13 @@ struct Params {
 template <Mode M, bool MIXED>
 void launch_form(const Params& p, int mt, bool train, cudaStream_t stream);
 
+namespace hopper {
+// The sm_90a kernel (hopper/kernel.cuh), instantiated per precision and output form in hopper/instantiations/;
+// only where hopper_applies (launch.cu).
+template <Mode M, bool MIXED>
+void launch_hopper_form(const Params& p, bool train, cudaStream_t stream);
+}  // namespace hopper
+
 // Benchmark hook: forces the row tiles per warp (1 or 2) when non-zero. Never set by the operators.
 int& mt_override();
 

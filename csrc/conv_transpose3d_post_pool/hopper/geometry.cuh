@@ -1,0 +1,97 @@
+// Geometry of the fused convolution's sm_90a kernel (kernel.cuh beside this file).
+//
+// Formulation: per dim, pooled window q takes input q (shift 0: phase 0 through tap 1, phase 1 through tap 2) and
+// input q + 1 (shift 1: phase 1 through tap 0). So input shift s = (sd, sh, sw) feeds the phases e >= s (every
+// dim), 2^(zero shifts) of them, and the 8 shifts feed the 27 (phase, tap) pairs once each. Per shift one GEMM:
+// M = 64 pooled positions (A: the input at those positions shifted by s, from the staged halo), N = 32 output
+// channels x the phases fed by s (B: their taps' weights side by side), K = the input channels. Every product is a
+// real tap: 7.25 GFLOP at the KernelBench size, no structural zeros. A thread's accumulators hold all 8 phases of its
+// (position, channel) pairs, so the pool's max is in registers.
+//
+// A unit of work is one pooled d plane of kTH x kTW positions of one batch element: its input is two planes (d and
+// d + 1) of (kTH + 1) x (kTW + 1) positions, staged by the producer warpgroup into a ring of kStages stages; each
+// consumer warpgroup takes every other unit of its block and computes its kTW / 8 m64 tiles (8 rows x 8 columns
+// of pooled positions each) one at a time: 8 shifts x the k-steps of wgmma, then the epilogue from registers.
+#pragma once
+
+#include "conv_transpose3d_post_pool/cuda/mma.cuh"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fused {
+namespace conv_transpose3d_post_pool {
+namespace hopper {
+
+constexpr int kTH = 8;   // pooled rows of a unit
+constexpr int kTW = 32;  // pooled columns of a unit
+constexpr int kHaloH = kTH + 1, kHaloW = kTW + 1;
+constexpr int kSlice = kHaloH * kHaloW;  // staged positions per input plane
+constexpr int kMTiles = kTW / 8;         // m64 tiles per unit (8 rows x 8 columns each)
+constexpr int kConsumers = 2;            // consumer warpgroups; warpgroup 0 is the producer
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kCoBlock = 32;             // output channels per block
+constexpr int kCols = 27 * kCoBlock;     // B columns over all shifts
+constexpr int kSmemBudget = 227 * 1024;  // sm_90's opt-in per block
+
+// The accumulators: 8 slots of 16 registers per thread, slot j holding phase kSlotPhase[j] (a Gray order, so that
+// every shift's phases are at most two runs of consecutive slots: generate.py).
+__host__ __device__ constexpr int slot_phase(int j) {
+  // {0, 1, 3, 2, 6, 7, 5, 4} as 4-bit fields (no array: a run-time index would put it in local memory).
+  return static_cast<int>((0x45762310u >> (4 * j)) & 0xfu);
+}
+__host__ __device__ constexpr int phase_slot(int ph) {
+  for (int j = 0; j < 8; ++j) {
+    if (slot_phase(j) == ph) return j;
+  }
+  return -1;
+}
+
+// The wgmma of one k-step, in issue order: input shift (sd * 4 + sh * 2 + sw), first slot, slots (wgmma_runs.cuh
+// has one instruction per shape). Run 0 feeds every slot, so it initialises the accumulators at k-step 0.
+struct Run {
+  int shift, slot0, slots;
+};
+constexpr int kRuns = 10;
+__host__ __device__ constexpr Run run(int i) {
+  // {0, 0, 8}, {1, 1, 2}, {1, 5, 2}, {2, 2, 4}, {3, 2, 1}, {3, 5, 1}, {4, 4, 4}, {5, 5, 2}, {6, 4, 2}, {7, 5, 1}
+  // as 4-bit fields per column of the table (no array, as above).
+  const unsigned long long shifts = 0x7654332110ull, slot0s = 0x5454522510ull, slots = 0x1224114228ull;
+  return Run{static_cast<int>((shifts >> (4 * i)) & 0xf), static_cast<int>((slot0s >> (4 * i)) & 0xf),
+             static_cast<int>((slots >> (4 * i)) & 0xf)};
+}
+// B's columns of run i (32 per slot) and the columns of the runs before it.
+__host__ __device__ constexpr int run_cols(int i) { return kCoBlock * run(i).slots; }
+__host__ __device__ constexpr int run_col0(int i) {
+  int c = 0;
+  for (int k = 0; k < i; ++k) c += run_cols(k);
+  return c;
+}
+static_assert(run_col0(kRuns) == kCols, "the runs hold the 27 (phase, tap) pairs once each");
+static_assert(run(2).slot0 == 5 && run(3).slots == 4 && run(9).shift == 7 && slot_phase(4) == 6 && slot_phase(7) == 4,
+              "the packed tables");
+
+// Operand sizes for precision M with KS k-steps (8 TF32 or 16 16-bit channels each). Both operands are K-major
+// without swizzling: a "chunk" is 16 bytes of consecutive channels (4 float32 or 8 16-bit) of one row (position or
+// column), and a core matrix is 8 rows of one chunk, 128 contiguous bytes.
+template <Mode M, int KS>
+struct Layout {
+  static constexpr int kChunkElems = ModeTraits<M>::kHalf ? 8 : 4;
+  static constexpr int kChunks = 2 * KS;  // a k-step is two chunks
+  static constexpr int kCin = kChunks * kChunkElems;  // channels the instantiation covers
+  // A: per plane, chunk-major: [chunk][position][16 bytes].
+  static constexpr int kChunkBytes = kSlice * 16;
+  static constexpr int kPlaneBytes = kChunks * kChunkBytes;
+  static constexpr int kStageBytes = 2 * kPlaneBytes;
+  // B: per run, [chunk][column][16 bytes].
+  static constexpr int kBBytes = kCols * kChunks * 16;
+  static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
+  static constexpr int kFixed = kBBytes + kParamBytes + 2 * 8 * 8;  // + up to 8 stages' two mbarriers
+  static constexpr int kStages = (kSmemBudget - kFixed) / kStageBytes >= 4 ? 4 : (kSmemBudget - kFixed) / kStageBytes;
+  static_assert(kStages >= 2, "the instantiation does not fit two stages");
+  static constexpr size_t kSmem = static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * kStages;
+};
+
+}  // namespace hopper
+}  // namespace conv_transpose3d_post_pool
+}  // namespace fused

@@ -1,0 +1,206 @@
+// The fused convolution's forward on Hopper's asynchronous tensor cores (sm_90a): same contract and arithmetic as
+// the mma.sync kernel (cuda/kernel.cuh), formulation and geometry in geometry.cuh.
+//
+// Roles: warpgroup 0 produces (stages each unit's input into the stage ring, signalling `full`), warpgroups 1 and 2
+// consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
+// releasing the stage through `empty` as soon as the unit's last products are done). Blocks are persistent: block
+// b takes units b, b + gridDim.x, ... of its 32 output channels (blockIdx.y).
+#pragma once
+
+#include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
+#include "conv_transpose3d_post_pool/hopper/stage.cuh"
+#include "conv_transpose3d_post_pool/hopper/wgmma_runs.cuh"
+#include "common/cuda_device.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+namespace fused {
+namespace conv_transpose3d_post_pool {
+namespace hopper {
+
+// Registers per thread of each role: 128 x 40 + 256 x 232 fill the multiprocessor's 64 K.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+
+__device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit) {
+  return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
+}
+
+// The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
+// stage's shared address; b: B's. The first instruction (run 0 feeds every slot) overwrites.
+template <Mode M, int KS, int R>
+__device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
+  using L = Layout<M, KS>;
+  constexpr Run r = run(R);
+  constexpr int sd = r.shift >> 2, sh = (r.shift >> 1) & 1, sw = r.shift & 1;
+  const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
+  const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
+  wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
+                                 (R == 0 && ks == 0) ? 0 : 1);
+}
+
+// Run-major, k-steps inner: consecutive wgmma on the same accumulators chain in the tensor cores, while a switch to
+// another run's (overlapping, differently shaped) accumulators waits for the previous one (ptxas: C7511).
+template <Mode M, int KS, int R>
+__device__ __forceinline__ void issue_run_ksteps(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) issue_run<M, KS, R>(acc, a_stage, b, mt, ks);
+}
+
+template <Mode M, int KS>
+__device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
+  issue_run_ksteps<M, KS, 0>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 1>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 2>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 3>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 4>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 5>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 6>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 7>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 8>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
+}
+
+template <Mode M, int KS, bool TRAIN, bool MIXED>
+__global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
+#if defined(FUSED_WGMMA_ENABLED)
+  using L = Layout<M, KS>;
+  using io_t = typename ModeTraits<M>::io_t;
+  using Out = OutputTraits<M, MIXED>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const sB = smem;
+  uint8_t* const sStages = smem + L::kBBytes;
+  float* const sMult = reinterpret_cast<float*>(sStages + L::kStages * L::kStageBytes);
+  float* const sBias = sMult + kCoBlock;
+  uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
+  uint64_t* const empty = full + L::kStages;
+
+  const int tid = threadIdx.x;
+  const int co0 = blockIdx.y * kCoBlock;
+  bool breaks_monotone = false;
+  if (tid < kCoBlock) {
+    const int co = co0 + tid;
+    const bool ok = co < p.Cout;
+    const float m = ok ? Out::multiplier(p, co) : 1.f;
+    // Without a bias, -0: adding it leaves every value as it is (-0 included).
+    const float b = ok && p.bias != nullptr ? to_float(static_cast<const io_t*>(p.bias)[co]) : -0.f;
+    const float inf = __int_as_float(0x7f800000);
+    breaks_monotone = ok && (m == 0.f || !(fabsf(m) < inf) || !(fabsf(b) < inf));
+    sMult[tid] = m;
+    sBias[tid] = b;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 128);
+    }
+  }
+  const bool any_breaks = __syncthreads_or(breaks_monotone);
+  // Block-uniform: the monotone form only where it is exact for every channel of the block.
+  const bool exact = TRAIN || !(p.s1 > 0.f && p.s2 > 0.f) || any_breaks;
+  const bool w_nonfinite = stage_weights<M, KS>(p, sB, co0, sMult, !exact);
+  const bool fix_edges = __syncthreads_or(w_nonfinite);
+
+  const int wg = tid / 128;
+  if (wg == 0) {
+    release_registers<kProducerRegs>();
+    for (int64_t k = 0;; ++k) {
+      const int64_t unit = blockIdx.x + k * gridDim.x;
+      if (unit >= p.n_tiles) break;
+      const int stage = static_cast<int>(k % L::kStages);
+      const uint32_t round = static_cast<uint32_t>(k / L::kStages);
+      if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
+      stage_unit<M, KS>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+      mbar_arrive(&full[stage]);
+    }
+    return;
+  }
+
+  claim_registers<kConsumerRegs>();
+  const int c = wg - 1, ctid = tid - 128 * wg;
+  const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
+  const EpilogueArgs args{sMult, sBias, co0, exact};
+  const uint32_t b_addr = smem_addr(sB);
+  float acc[8][16];
+#pragma unroll
+  for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
+
+  for (int64_t k = c;; k += kConsumers) {
+    const int64_t unit = blockIdx.x + k * gridDim.x;
+    if (unit >= p.n_tiles) break;
+    const int stage = static_cast<int>(k % L::kStages);
+    mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
+    const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
+    const TileOrigin u = unit_origin(p, unit);
+#pragma unroll 1
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+        for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      wgmma_fence();
+      tile_products<M, KS>(acc, a_stage, b_addr, mt);
+      wgmma_commit();
+      wgmma_wait_all();
+#pragma unroll
+      for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+        for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
+      store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+    }
+    if (fix_edges) {
+      warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
+      fix_unit_edges<M, TRAIN, MIXED>(p, u, co0, ctid);
+    }
+  }
+#else
+  (void)p;
+#endif
+}
+
+template <Mode M, int KS, bool TRAIN, bool MIXED>
+void launch_hopper_one(const Params& p, cudaStream_t stream) {
+  using L = Layout<M, KS>;
+  auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED>;
+  static DynamicSmemLimit smem_limit;
+  const int device = current_cuda_device();
+  smem_limit.raise_to(reinterpret_cast<const void*>(kernel), L::kSmem, device);
+  const int64_t co_blocks = (p.Cout + kCoBlock - 1) / kCoBlock;
+  TORCH_CHECK(co_blocks <= 65535, "conv_transpose3d_post_pool: too many output channels for one launch: ", p.Cout);
+  // One block per multiprocessor (its shared memory), spread over the channel blocks.
+  int64_t bx = (multiprocessor_count(device) + co_blocks - 1) / co_blocks;
+  bx = bx < p.n_tiles ? bx : p.n_tiles;
+  bx = bx > 0 ? bx : 1;
+  kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(co_blocks)), kThreads, L::kSmem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The Hopper kernel's grid of units (a unit: one pooled plane of kTH x kTW positions) in Params' tile fields, then
+// the instantiation for the input channels: 8 TF32 channels per k-step, 16 for 16-bit types.
+template <Mode M, bool MIXED>
+void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
+  Params p = p0;
+  p.tiles_d = p.PD;
+  p.tiles_h = (p.PH + kTH - 1) / kTH;
+  p.tiles_w = (p.PW + kTW - 1) / kTW;
+  p.n_tiles = static_cast<int64_t>(p.N) * p.tiles_d * p.tiles_h * p.tiles_w;
+  if constexpr (ModeTraits<M>::kHalf) {
+    if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
+    return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+  } else {
+    if (p.Cin <= 8) {
+      if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
+      return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+    }
+    if (train) return launch_hopper_one<M, 2, true, MIXED>(p, stream);
+    return launch_hopper_one<M, 2, false, MIXED>(p, stream);
+  }
+}
+
+}  // namespace hopper
+}  // namespace conv_transpose3d_post_pool
+}  // namespace fused

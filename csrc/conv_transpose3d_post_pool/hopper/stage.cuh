@@ -1,0 +1,124 @@
+// Staging of the sm_90a kernel's operands (kernel.cuh): the weights once per block by every thread, and each unit's
+// input planes by the producer warpgroup. Both go through registers: TF32 operands are rounded to nearest (ties
+// away, as cuDNN) on the way, which the tensor cores would otherwise truncate, and 16-bit channels of one position
+// are gathered into 16 bytes from their separate planes.
+#pragma once
+
+#include "conv_transpose3d_post_pool/cuda/params.cuh"
+#include "conv_transpose3d_post_pool/cuda/stage.cuh"
+#include "conv_transpose3d_post_pool/hopper/geometry.cuh"
+#include "conv_transpose3d_post_pool/hopper/sync.cuh"
+
+#include <cstdint>
+
+namespace fused {
+namespace conv_transpose3d_post_pool {
+namespace hopper {
+
+// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 rounded to TF32, or one 16-bit half.
+template <Mode M>
+__device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
+  if constexpr (ModeTraits<M>::kHalf) {
+    return __ldg(static_cast<const unsigned short*>(base) + at);
+  } else {
+    return tf32_round(__ldg(static_cast<const float*>(base) + at));
+  }
+}
+
+// 16 bytes of chunk elements (channels c0 .. c0 + kChunkElems - 1, zero past Cin or where `valid` is false) of the
+// tensor at element offset `at` with channel stride `sc`. Sets `nonfinite` for a real non-finite element.
+template <Mode M, int KS>
+__device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
+                                            bool& nonfinite) {
+  using L = Layout<M, KS>;
+  uint32_t e[L::kChunkElems];
+#pragma unroll
+  for (int i = 0; i < L::kChunkElems; ++i) {
+    e[i] = valid && c0 + i < C ? staged_bits<M>(base, at + (c0 + i) * sc) : 0u;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (ModeTraits<M>::kHalf) {
+      w[i] = e[2 * i] | (e[2 * i + 1] << 16);
+      nonfinite |= !finite_bits16(e[2 * i], M == Mode::kBF16) || !finite_bits16(e[2 * i + 1], M == Mode::kBF16);
+    } else {
+      w[i] = e[i];
+      nonfinite |= !(fabsf(__uint_as_float(e[i])) < __int_as_float(0x7f800000));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The block's B for output channels co0 .. co0 + 31: per run (geometry.cuh), [chunk][column][16 bytes], column
+// 32 * j + c holding, for channel co0 + c, the tap through which the run's shift feeds the phase of its j-th slot;
+// zero past Cin and Cout. `negate` (the monotone form) stores -w for channels with a negative multiplier, as the
+// mma.sync kernel does. Every thread takes part; returns whether this thread saw a non-finite weight. Fenced for
+// the tensor cores' reads.
+template <Mode M, int KS>
+__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate) {
+  using L = Layout<M, KS>;
+  bool nonfinite = false;
+  const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+  for (int i = threadIdx.x; i < kCols * L::kChunks; i += kThreads) {
+    int ri = 0;
+#pragma unroll
+    for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
+    const Run r = run(ri);
+    const int local = i - run_col0(ri) * L::kChunks;
+    const int n = run_cols(ri);
+    const int chunk = local / n, col = local - chunk * n;
+    const int ph = slot_phase(r.slot0 + col / kCoBlock), c = col % kCoBlock, co = co0 + c;
+    const int s = r.shift;
+    const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
+    const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
+                       (tap % 3) * p.sw[4];
+    uint4 v = load_chunk<M, KS>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
+    if (negate && sMult[c] < 0.f) {
+      v.x ^= flip;
+      v.y ^= flip;
+      v.z ^= flip;
+      v.w ^= flip;
+    }
+    *reinterpret_cast<uint4*>(sB + static_cast<size_t>(i) * 16) = v;
+  }
+  fence_proxy_async();
+  return nonfinite;
+}
+
+// One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
+// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127); consecutive
+// threads take consecutive positions of a row (coalesced in w for NCDHW). kBatch chunks' loads are issued before
+// their stores. Fenced for the tensor cores' reads.
+template <Mode M, int KS>
+__device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+  using L = Layout<M, KS>;
+  constexpr int kItems = 2 * L::kChunks * kSlice;
+  constexpr int kBatch = ModeTraits<M>::kHalf ? 2 : 4;
+  const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
+  bool unused = false;
+  for (int base = ptid; base < kItems; base += 128 * kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + 128 * b;
+      const int pos = i % kSlice, r = i / kSlice;
+      const int chunk = r % L::kChunks, plane = r / L::kChunks;
+      const int hh = pos / kHaloW, ww = pos - hh * kHaloW;
+      const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + ww;
+      const bool valid = i < kItems && d < p.D && h < p.H && w < p.W;
+      const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w * p.sx[4] : 0;
+      v[b] = load_chunk<M, KS>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + 128 * b;
+      if (i < kItems) *reinterpret_cast<uint4*>(stage + static_cast<size_t>(i) * 16) = v[b];
+    }
+  }
+  fence_proxy_async();
+}
+
+}  // namespace hopper
+}  // namespace conv_transpose3d_post_pool
+}  // namespace fused

@@ -1,0 +1,104 @@
+// Hopper's asynchronous machinery for the fused convolution's sm_90a kernel (kernel.cuh beside this file):
+// shared-memory matrix descriptors, the wgmma fences, mbarriers and the proxy fence. Everything here compiles to
+// nothing outside an sm_90a device pass (FUSED_WGMMA_ENABLED), where the launcher never runs the kernel.
+#pragma once
+
+#include "conv_transpose3d_post_pool/cuda/mma.cuh"
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSED_WGMMA_ENABLED 1
+#endif
+
+namespace fused {
+namespace conv_transpose3d_post_pool {
+namespace hopper {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A shared-memory matrix descriptor without swizzling: `addr` is the first core matrix (8 rows of 16 bytes,
+// contiguous), `lbo` the byte distance to the next core matrix along K, `sbo` along M or N. All three are
+// multiples of 16 bytes below 256 KB.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3fffu) | (static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32);
+}
+
+// Orders this warpgroup's register accesses before the wgmma that follow.
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until every committed group of this warpgroup is complete (its accumulators written, its shared-memory
+// operands read).
+__device__ __forceinline__ void wgmma_wait_all() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// Pins a register the wgmma write: the compiler may not move a read of it across this point (after the wait) or a
+// write of it past it (before the fence).
+__device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Generic-proxy stores to shared memory made visible to the async proxy (the tensor cores' operand reads).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// Waits for the completion of the barrier's phase of this parity.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// Moves registers between warpgroups (the kernel starts at its __launch_bounds__ cap): the producer gives up what
+// its loads do not need, the consumers take it for their accumulators. Each warpgroup's role is one branch.
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+// A barrier of the 128 threads of one warpgroup (named barrier 1 + wg; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+}  // namespace hopper
+}  // namespace conv_transpose3d_post_pool
+}  // namespace fused
