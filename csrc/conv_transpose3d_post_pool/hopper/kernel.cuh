@@ -19,9 +19,10 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Registers per thread of each role: 128 x 40 + 256 x 232 fill the multiprocessor's 64 K.
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+// Registers per thread of each role: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the producer holds a
+// batch of 16-byte loads in flight; the consumers' 128 accumulators and the epilogue fit 208).
+constexpr int kProducerRegs = 88;
+constexpr int kConsumerRegs = 208;
 
 __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit) {
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
@@ -184,6 +185,10 @@ void launch_hopper_one(const Params& p, cudaStream_t stream) {
 template <Mode M, bool MIXED>
 void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   Params p = p0;
+  // 16-byte row loads: unit w stride, every other stride and the base a multiple of a vector, rows of whole vectors.
+  const int e = ModeTraits<M>::kHalf ? 8 : 4;
+  p.x_rows16 = p.sx[4] == 1 && p.sx[0] % e == 0 && p.sx[1] % e == 0 && p.sx[2] % e == 0 && p.sx[3] % e == 0 &&
+               p.W % e == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;

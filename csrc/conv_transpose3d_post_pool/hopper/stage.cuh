@@ -86,12 +86,10 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
   return nonfinite;
 }
 
-// One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
-// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127); consecutive
-// threads take consecutive positions of a row (coalesced in w for NCDHW). kBatch chunks' loads are issued before
-// their stores. Fenced for the tensor cores' reads.
+// Scalar staging of one unit (any strides and alignment): items (plane, chunk, position), kBatch chunks' loads
+// issued before their stores.
 template <Mode M, int KS>
-__device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+__device__ void stage_unit_scalar(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   using L = Layout<M, KS>;
   constexpr int kItems = 2 * L::kChunks * kSlice;
   constexpr int kBatch = ModeTraits<M>::kHalf ? 2 : 4;
@@ -115,6 +113,97 @@ __device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u,
       const int i = base + 128 * b;
       if (i < kItems) *reinterpret_cast<uint4*>(stage + static_cast<size_t>(i) * 16) = v[b];
     }
+  }
+}
+
+// Vector staging where x's w rows are 16-byte aligned with unit stride (p.x_rows16): a block is kChunkElems
+// channels x kChunkElems consecutive positions of one row, loaded as one 16-byte vector per channel and stored as
+// one 16-byte chunk per position (the transpose is only register naming for float32, byte permutes for 16-bit).
+// Consecutive threads take consecutive blocks of a row (coalesced). The halo's last column (position kTW of each
+// row) is staged by scalar loads.
+template <Mode M, int KS>
+__device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+  using L = Layout<M, KS>;
+  constexpr int E = L::kChunkElems;       // channels per chunk = positions per block
+  constexpr int kRowBlocks = kTW / E;     // blocks per row
+  constexpr int kBlocks = 2 * L::kChunks * kHaloH * kRowBlocks;
+  constexpr int kBatch = ModeTraits<M>::kHalf ? 1 : 2;
+  const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
+  for (int base = ptid; base < kBlocks; base += 128 * kBatch) {
+    uint4 v[kBatch][E];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + 128 * b;
+      const int wb = i % kRowBlocks, r = i / kRowBlocks;
+      const int hh = r % kHaloH, r2 = r / kHaloH;
+      const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
+      const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + wb * E;
+      // W is a multiple of E here, so a block is wholly inside or wholly past the row's end.
+      const bool valid = i < kBlocks && d < p.D && h < p.H && w < p.W;
+      const int64_t at = nbase + d * p.sx[2] + h * p.sx[3] + w;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int c = chunk * E + e;
+        v[b][e] = valid && c < p.Cin
+                      ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.x) +
+                                                             (at + c * p.sx[1]) * (ModeTraits<M>::kHalf ? 2 : 4)))
+                      : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + 128 * b;
+      if (i >= kBlocks) continue;
+      const int wb = i % kRowBlocks, r = i / kRowBlocks;
+      const int hh = r % kHaloH, r2 = r / kHaloH;
+      // Stage index of the block's first position: (plane, chunk) row r2, position hh * kHaloW + wb * E.
+      uint8_t* dst = stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + wb * E) * 16;
+      const uint32_t* w32[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) w32[e] = reinterpret_cast<const uint32_t*>(&v[b][e]);
+#pragma unroll
+      for (int q = 0; q < E; ++q) {
+        uint4 o;
+        if constexpr (ModeTraits<M>::kHalf) {
+          // Position q of channel e is half q % 2 of word q / 2 of vector e; the chunk packs channels (2k, 2k + 1).
+          const int sel = (q & 1) ? 0x7632 : 0x5410;
+          o.x = __byte_perm(w32[0][q >> 1], w32[1][q >> 1], sel);
+          o.y = __byte_perm(w32[2][q >> 1], w32[3][q >> 1], sel);
+          o.z = __byte_perm(w32[4][q >> 1], w32[5][q >> 1], sel);
+          o.w = __byte_perm(w32[6][q >> 1], w32[7][q >> 1], sel);
+        } else {
+          o.x = tf32_round(__uint_as_float(w32[0][q]));
+          o.y = tf32_round(__uint_as_float(w32[1][q]));
+          o.z = tf32_round(__uint_as_float(w32[2][q]));
+          o.w = tf32_round(__uint_as_float(w32[3][q]));
+        }
+        *reinterpret_cast<uint4*>(dst + q * 16) = o;
+      }
+    }
+  }
+  // The last column: one chunk per (plane, chunk, row).
+  constexpr int kTail = 2 * L::kChunks * kHaloH;
+  bool unused = false;
+  for (int i = ptid; i < kTail; i += 128) {
+    const int hh = i % kHaloH, r2 = i / kHaloH;
+    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
+    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
+    const bool valid = d < p.D && h < p.H && w < p.W;
+    const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
+    const uint4 v = load_chunk<M, KS>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
+    *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
+  }
+}
+
+// One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
+// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127). Fenced for the
+// tensor cores' reads.
+template <Mode M, int KS>
+__device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+  if (p.x_rows16) {
+    stage_unit_rows<M, KS>(p, stage, u, ptid);
+  } else {
+    stage_unit_scalar<M, KS>(p, stage, u, ptid);
   }
   fence_proxy_async();
 }
