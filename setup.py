@@ -58,6 +58,7 @@ if want_cuda:
     # The launcher runs the sm_90a kernel (csrc/conv_transpose3d_post_pool/hopper/) only when it was compiled.
     if any(a.strip().lower().startswith("9.0a") for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(",", ";").split(";")):
         ext_kwargs["extra_compile_args"]["nvcc"].append("-DFUSED_SM90A")
+        ext_kwargs["extra_compile_args"]["cxx"].append("-DFUSED_SM90A")
     ext = cpp_extension.CUDAExtension("torch_fused_ops._C", sources, **ext_kwargs)
 else:
     ext = cpp_extension.CppExtension("torch_fused_ops._C", sources, **ext_kwargs)

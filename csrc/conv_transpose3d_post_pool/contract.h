@@ -40,9 +40,13 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
 bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device);
 
 // Which fused forward kernel the launcher runs, for tests and benchmarks that compare them (never set by the
-// operators): kAuto the sm_90a kernel where the GPU, the build and the arguments allow it, else the mma.sync one;
-// kMmaSync always the mma.sync kernel.
-enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1 };
+// operators): kAuto the sm_90a (wgmma) kernel where the GPU, the build and the arguments allow it and it measured
+// faster (launch.cu), else the mma.sync one; kMmaSync always the mma.sync kernel; kWgmma the sm_90a kernel wherever
+// it can run, whatever the size.
+enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 ConvForwardKernel& conv_forward_kernel_choice();
+
+// Whether this build holds the sm_90a kernel (TORCH_CUDA_ARCH_LIST named 9.0a).
+bool conv_wgmma_kernel_built();
 
 }  // namespace fused

@@ -8,4 +8,12 @@ ConvForwardKernel& conv_forward_kernel_choice() {
   return choice;
 }
 
+bool conv_wgmma_kernel_built() {
+#if defined(WITH_CUDA) && defined(FUSED_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace fused

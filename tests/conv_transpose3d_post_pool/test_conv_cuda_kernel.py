@@ -31,6 +31,31 @@ if torch.cuda.is_available():
     else:
         import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
 
+# Every test runs on each forward kernel: the launcher's own choice (auto) and the sm_90a wgmma kernel forced
+# wherever it can run (csrc/conv_transpose3d_post_pool/hopper/; auto takes it only at large sizes).
+KERNELS = {"auto": 0, "wgmma": 2}
+
+
+def _wgmma_available() -> bool:
+    from torch_fused_ops import _C
+
+    return _dev_ext is None and _C._conv_wgmma_built() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(autouse=True, params=list(KERNELS))
+def forward_kernel(request):
+    if request.param == "wgmma" and not _wgmma_available():
+        pytest.skip("the sm_90a kernel needs a build for 9.0a and a compute capability 9.0 GPU")
+    if _dev_ext is not None:
+        yield request.param
+        return
+    from torch_fused_ops import _C
+
+    prev = _C._conv_forward_kernel(KERNELS[request.param])
+    yield request.param
+    _C._conv_forward_kernel(prev)
+
+
 PRECS = {"tf32": (torch.float32, True), "fp32": (torch.float32, False), "bf16": (torch.bfloat16, True),
          "fp16": (torch.float16, True)}
 
@@ -269,3 +294,60 @@ def test_cuda_graph_replay_and_no_sync(tf32_setting):
     assert torch.equal(fused(x, w, b, m, 0.01, 0.01, (1, 1, 1), False)[0], captured)
     for a, e in zip(again, expected):
         assert torch.equal(a, e) or same(a, e)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
+    """The switch picks the kernel it names: wgmma forced runs the sm_90a kernel at any size; auto runs it at the
+    KernelBench size (batch 16) and the mma.sync kernel at batch 1; strict float32 always runs mma.sync."""
+    if not _wgmma_available():
+        pytest.skip("the sm_90a kernel needs a build for 9.0a and a compute capability 9.0 GPU")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, 16, 16, 32, 32, device="cuda", generator=g)
+    w = torch.randn(16, 32, 3, 3, 3, device="cuda", generator=g)
+    m = torch.randn(32, 1, 1, 1, device="cuda", generator=g)
+
+    def kernels(allow_tf32):
+        tf32_setting(allow_tf32)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fused(x, w, None, m, 0.2, 0.2, (1, 1, 1), False)
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if "conv_transpose3d_post_pool" in e.name]
+
+    names = kernels(True)
+    assert names, "no fused kernel ran"
+    expect_wgmma = forward_kernel == "wgmma" or batch == 16
+    assert all(("hopper" in n) == expect_wgmma for n in names), names
+    assert not any("hopper" in n for n in kernels(False)), "strict float32 has no wgmma form"
+
+
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed"])
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("cin,cout,shape,op", [(16, 32, (2, 6, 9, 37), (1, 0, 1)), (3, 5, (1, 4, 17, 8), (0, 1, 1)),
+                                               (9, 33, (3, 3, 8, 40), (1, 1, 0))])
+def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
+    """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within), so on random data
+    they agree bit for bit: outputs, selected values and offsets, with NaN where both have NaN."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(True)
+    dt = torch.float32 if prec == "tf32" else (torch.float16 if prec == "fp16" else torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(cin * 100 + cout)
+    n, d, h, w_ = shape
+    x = torch.randn(n, cin, d, h, w_, device="cuda", generator=g).to(dt)
+    x[0, 0, 1, 2, 3] = float("inf")
+    w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    b = torch.randn(cout, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
+    m = m if prec == "mixed" else m.to(dt)
+    outs = []
+    for choice in (2, 1):
+        prev = _C._conv_forward_kernel(choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.2, op, train))
+        finally:
+            _C._conv_forward_kernel(prev)
+    for a, ref in zip(*outs):
+        torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)

@@ -3,6 +3,7 @@
 #include "conv_transpose3d_post_pool/contract.h"
 
 #include "conv_transpose3d_post_pool/cuda/params.cuh"
+#include "conv_transpose3d_post_pool/hopper/geometry.cuh"
 #include "common/cuda_device.h"
 
 #include <ATen/core/Tensor.h>
@@ -73,14 +74,27 @@ int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(devi
 
 // Whether the sm_90a kernel runs: built for sm_90a (setup.py defines FUSED_SM90A then), a compute capability 9.0
 // GPU (sm_90a machine code runs on no other), TF32 or 16-bit operands (strict float32 keeps the mma.sync kernel's
-// three-product split), at most 16 input channels (its resident weights), and not switched off.
-bool hopper_applies(Mode mode, int64_t Cin, int device) {
+// three-product split), at most 16 input channels (its resident weights), and not switched off. Left to itself
+// (kAuto) only where it measured faster than the mma.sync kernel on an H200 (docs/performance.md,
+// benchmarks/conv_transpose3d_post_pool/hopper_forward.py): at least 4 units per multiprocessor (a unit is one pooled
+// plane of 8 x 32 positions: batch 16 at the KernelBench size has 7.75, batch 1 has 0.5 and ran 1.3-1.9x slower),
+// and not the mixed training form (its float32, 16-bit and byte stores ran 10 % slower).
+bool hopper_applies(Mode mode, bool mixed, bool train, const Params& p, int device) {
 #if defined(FUSED_SM90A)
-  return conv_forward_kernel_choice() == ConvForwardKernel::kAuto && mode != Mode::kStrict && Cin <= 16 &&
-         compute_capability_major(device) == 9 && compute_capability_minor(device) == 0;
+  const ConvForwardKernel choice = conv_forward_kernel_choice();
+  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || p.Cin > 16 ||
+      compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
+    return false;
+  }
+  if (choice == ConvForwardKernel::kWgmma) return true;
+  const int64_t units = static_cast<int64_t>(p.N) * p.PD * ceil_div(p.PH, hopper::kTH) * ceil_div(p.PW, hopper::kTW) *
+                        ceil_div(p.Cout, hopper::kCoBlock);
+  return units >= 4 * static_cast<int64_t>(multiprocessor_count(device)) && !(mixed && train);
 #else
   (void)mode;
-  (void)Cin;
+  (void)mixed;
+  (void)train;
+  (void)p;
   (void)device;
   return false;
 #endif
@@ -194,7 +208,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  if (hopper_applies(mode, Cin, device)) {
+  if (hopper_applies(mode, mixed, train, p, device)) {
     switch (mode) {
       case Mode::kTF32:
         return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, stream);
