@@ -9,7 +9,8 @@
 # Steps:
 #   build     always first (SKIP_BUILD=1 skips it): pip install -e . with the system g++ (a g++ that links its own
 #             static libstdc++, as /opt/gcc on one GPU image, broke the extension's error messages: README,
-#             Troubleshooting); TORCH_CUDA_ARCH_LIST defaults to 9.0 (the H200), which halves the build time.
+#             Troubleshooting); TORCH_CUDA_ARCH_LIST defaults to 9.0a (the H200, with the sm_90a wgmma kernel), which
+#             halves the build time.
 #   tests     the whole suite as concurrent pytest shards sharing the GPU (nothing in them is timed): the slow
 #             torch.compile files whole, each group in its own shard (HEAVY below), and every other
 #             file with -k cuda in one more shard (a new test file lands there by itself; -k matches the module
@@ -116,7 +117,7 @@ want() { [[ "$STEPS" == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/gpu_out}
 T=/tmp/gpu_work
 mkdir -p "$OUT" "$T"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 summary="$OUT/summary.txt"
 : > "$summary"
