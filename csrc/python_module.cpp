@@ -169,16 +169,15 @@ PyObject* post_pool(PyObject* /*module*/, PyObject* const* args, Py_ssize_t narg
 }
 
 // _conv_forward_kernel(choice): sets the fused convolution's forward kernel switch (contract.h: 0 auto, 1 the mma.sync
-// kernel, 2 the sm_90a kernel wherever it can run, 3 its register-A form) and returns the previous value; with None, only returns it. For
+// kernel, 2 the sm_90a kernel wherever it can run) and returns the previous value; with None, only returns it. For
 // tests and benchmarks.
 PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
   const int previous = static_cast<int>(conv_forward_kernel_choice());
   if (arg != Py_None) {
     const long v = PyLong_AsLong(arg);
     if (v == -1 && PyErr_Occurred()) return nullptr;
-    if (v < 0 || v > 3) {
-      PyErr_SetString(PyExc_ValueError,
-                      "_conv_forward_kernel: 0 (auto), 1 (mma.sync), 2 (sm_90a wgmma) or 3 (its register-A form)");
+    if (v < 0 || v > 2) {
+      PyErr_SetString(PyExc_ValueError, "_conv_forward_kernel: 0 (auto), 1 (mma.sync) or 2 (sm_90a wgmma)");
       return nullptr;
     }
     conv_forward_kernel_choice() = static_cast<ConvForwardKernel>(v);
@@ -197,7 +196,7 @@ PyMethodDef kMethods[] = {
     {"post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&post_pool)), METH_FASTCALL,
      "fused::post_pool from the wrapper's plain arguments, or None"},
     {"_conv_forward_kernel", &conv_forward_kernel, METH_O,
-     "sets the fused convolution's forward kernel (0 auto, 1 mma.sync, 2 wgmma, 3 wgmma register-A) and returns the previous choice"},
+     "sets the fused convolution's forward kernel (0 auto, 1 mma.sync, 2 wgmma) and returns the previous choice"},
     {"_conv_wgmma_built", &conv_wgmma_built, METH_NOARGS,
      "whether this build holds the fused convolution's sm_90a (wgmma) kernel"},
     {nullptr, nullptr, 0, nullptr}};

@@ -42,8 +42,8 @@ bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int
 // Which fused forward kernel the launcher runs, for tests and benchmarks that compare them (never set by the
 // operators): kAuto the sm_90a (wgmma) kernel where the GPU, the build and the arguments allow it and it measured
 // faster (launch.cu), else the mma.sync one; kMmaSync always the mma.sync kernel; kWgmma the sm_90a kernel wherever
-// it can run, whatever the size; kWgmmaRs the same in its register-A form (hopper/kernel.cuh), under evaluation.
-enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kWgmmaRs = 3 };
+// it can run, whatever the size.
+enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 ConvForwardKernel& conv_forward_kernel_choice();
 
 // Whether this build holds the sm_90a kernel (TORCH_CUDA_ARCH_LIST named 9.0a).

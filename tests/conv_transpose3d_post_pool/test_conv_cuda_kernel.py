@@ -32,8 +32,8 @@ if torch.cuda.is_available():
         import torch_fused_ops  # noqa: F401  (registers torch.ops.fused.*)
 
 # Every test runs on each forward kernel: the launcher's own choice (auto) and the sm_90a wgmma kernel forced
-# wherever it can run, in both its forms (csrc/conv_transpose3d_post_pool/hopper/; auto takes it only at large sizes).
-KERNELS = {"auto": 0, "wgmma": 2, "wgmma_rs": 3}
+# wherever it can run (csrc/conv_transpose3d_post_pool/hopper/; auto takes it only at large sizes).
+KERNELS = {"auto": 0, "wgmma": 2}
 
 
 def _wgmma_available() -> bool:
@@ -44,7 +44,7 @@ def _wgmma_available() -> bool:
 
 @pytest.fixture(autouse=True, params=list(KERNELS))
 def forward_kernel(request):
-    if request.param.startswith("wgmma") and not _wgmma_available():
+    if request.param == "wgmma" and not _wgmma_available():
         pytest.skip("the sm_90a kernel needs a build for 9.0a and a compute capability 9.0 GPU")
     if _dev_ext is not None:
         yield request.param
@@ -316,7 +316,7 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 
     names = kernels(True)
     assert names, "no fused kernel ran"
-    expect_wgmma = forward_kernel.startswith("wgmma") or batch == 16
+    expect_wgmma = forward_kernel == "wgmma" or batch == 16
     assert all(("hopper" in n) == expect_wgmma for n in names), names
     assert not any("hopper" in n for n in kernels(False)), "strict float32 has no wgmma form"
 
@@ -328,8 +328,8 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
     """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within), so on random data
     they agree bit for bit: outputs, selected values and offsets, with NaN where both have NaN."""
-    if not forward_kernel.startswith("wgmma"):
-        pytest.skip("compares each sm_90a form with the mma.sync kernel, under its own parameter")
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
     from torch_fused_ops import _C
 
     tf32_setting(True)
@@ -343,7 +343,7 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
     m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
     m = m if prec == "mixed" else m.to(dt)
     outs = []
-    for choice in (KERNELS[forward_kernel], 1):
+    for choice in (2, 1):
         prev = _C._conv_forward_kernel(choice)
         try:
             outs.append(fused(x, w, b, m, 0.2, 0.2, op, train))

@@ -86,7 +86,7 @@ bool hopper_applies(Mode mode, bool mixed, bool train, const Params& p, int devi
       compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
     return false;
   }
-  if (choice == ConvForwardKernel::kWgmma || choice == ConvForwardKernel::kWgmmaRs) return true;
+  if (choice == ConvForwardKernel::kWgmma) return true;
   const int64_t units = static_cast<int64_t>(p.N) * p.PD * ceil_div(p.PH, hopper::kTH) * ceil_div(p.PW, hopper::kTW) *
                         ceil_div(p.Cout, hopper::kCoBlock);
   return units >= 4 * static_cast<int64_t>(multiprocessor_count(device)) && !(mixed && train);
@@ -209,16 +209,15 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
   if (hopper_applies(mode, mixed, train, p, device)) {
-    const bool rs = conv_forward_kernel_choice() == ConvForwardKernel::kWgmmaRs;
     switch (mode) {
       case Mode::kTF32:
-        return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, rs, stream);
+        return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, stream);
       case Mode::kBF16:
-        return mixed ? hopper::launch_hopper_form<Mode::kBF16, true>(p, train, rs, stream)
-                     : hopper::launch_hopper_form<Mode::kBF16, false>(p, train, rs, stream);
+        return mixed ? hopper::launch_hopper_form<Mode::kBF16, true>(p, train, stream)
+                     : hopper::launch_hopper_form<Mode::kBF16, false>(p, train, stream);
       case Mode::kFP16:
-        return mixed ? hopper::launch_hopper_form<Mode::kFP16, true>(p, train, rs, stream)
-                     : hopper::launch_hopper_form<Mode::kFP16, false>(p, train, rs, stream);
+        return mixed ? hopper::launch_hopper_form<Mode::kFP16, true>(p, train, stream)
+                     : hopper::launch_hopper_form<Mode::kFP16, false>(p, train, stream);
       default:
         break;
     }

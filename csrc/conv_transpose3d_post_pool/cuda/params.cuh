@@ -85,9 +85,9 @@ void launch_form(const Params& p, int mt, bool train, cudaStream_t stream);
 
 namespace hopper {
 // The sm_90a kernel (hopper/kernel.cuh), instantiated per precision and output form in hopper/instantiations/;
-// only where hopper_applies (launch.cu). rs: the register-A form (kernel.cuh).
+// only where hopper_applies (launch.cu).
 template <Mode M, bool MIXED>
-void launch_hopper_form(const Params& p, bool train, bool rs, cudaStream_t stream);
+void launch_hopper_form(const Params& p, bool train, cudaStream_t stream);
 }  // namespace hopper
 
 // Benchmark hook: forces the row tiles per warp (1 or 2) when non-zero. Never set by the operators.

@@ -63,73 +63,7 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
 }
 
-// The register-A form: one m64 x 32 wgmma per (shift, phase), each into its own slot, so no two instructions' accumulators
-// partly overlap (ptxas serialises those) and every product is still a real tap; a shift's A is loaded once into
-// registers (ldmatrix: a core matrix is an 8 x 8 b16 matrix, whose fragment is mma.sync's A fragment for TF32 and
-// 16-bit types alike) and serves all its phases. Two register sets alternate: before one is reloaded, the group that
-// read it (two (shift, k-step) groups back) is complete.
-template <Mode M, int KS>
-__device__ __forceinline__ void load_shift_a(uint32_t (&a)[4], uint32_t a_stage, int s, int ks, int mt) {
-  using L = Layout<M, KS>;
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  const int sd = s >> 2, sh = (s >> 1) & 1, sw = s & 1;
-  const int j = lane >> 3, r = lane & 7;
-  // Matrix j: rows 2 * warp + (j & 1) of the tile, chunk 2 * ks + (j >> 1); lane r of the 8 gives row r's address.
-  const int pos = (sh + 2 * warp + (j & 1)) * kHaloW + 8 * mt + sw + r;
-  const uint32_t addr = a_stage + sd * L::kPlaneBytes + (2 * ks + (j >> 1)) * L::kChunkBytes + pos * 16;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr)
-               : "memory");
-}
-
-template <Mode M, int KS, int R, int J>
-__device__ __forceinline__ void issue_run_rs(float (&acc)[8][16], const uint32_t (&a)[4], uint32_t b, int ks) {
-  if constexpr (J < run(R).slots) {
-    using L = Layout<M, KS>;
-    const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R) + J * kCoBlock) * 16;
-    wgmma_slot_rs<M, run(R).slot0 + J>(acc, a, smem_desc(bb, run_cols(R) * 16, 128), (R == 0 && ks == 0) ? 0 : 1);
-    issue_run_rs<M, KS, R, J + 1>(acc, a, b, ks);
-  }
-}
-
-// Shift S's runs (consecutive in the run table) from run R on.
-template <Mode M, int KS, int S, int R>
-__device__ __forceinline__ void issue_shift_rs(float (&acc)[8][16], const uint32_t (&a)[4], uint32_t b, int ks) {
-  if constexpr (R < kRuns) {
-    if constexpr (run(R).shift == S) issue_run_rs<M, KS, R, 0>(acc, a, b, ks);
-    issue_shift_rs<M, KS, S, R + 1>(acc, a, b, ks);
-  }
-}
-
-template <Mode M, int KS, int Q>
-__device__ __forceinline__ void tile_products_rs_from(float (&acc)[8][16], uint32_t (&a0)[4], uint32_t (&a1)[4],
-                                                      uint32_t a_stage, uint32_t b, int mt) {
-  if constexpr (Q < 8 * KS) {
-    // Shift-major, k-steps within: each phase sums its taps in the mma.sync kernel's order.
-    constexpr int s = Q / KS, ks = Q % KS;
-    uint32_t(&a)[4] = (Q & 1) ? a1 : a0;
-    if constexpr (Q >= 2) {
-#if defined(FUSED_WGMMA_ENABLED)
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#endif
-    }
-    load_shift_a<M, KS>(a, a_stage, s, ks, mt);
-    wgmma_fence();
-    issue_shift_rs<M, KS, s, 0>(acc, a, b, ks);
-    wgmma_commit();
-    tile_products_rs_from<M, KS, Q + 1>(acc, a0, a1, a_stage, b, mt);
-  }
-}
-
-template <Mode M, int KS>
-__device__ __forceinline__ void tile_products_rs(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
-  uint32_t a0[4], a1[4];
-  tile_products_rs_from<M, KS, 0>(acc, a0, a1, a_stage, b, mt);
-}
-
-// RS: the register-A form (tile_products_rs), else A from shared memory in runs of slots (tile_products).
-template <Mode M, int KS, bool TRAIN, bool MIXED, bool RS>
+template <Mode M, int KS, bool TRAIN, bool MIXED>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
   using L = Layout<M, KS>;
@@ -208,13 +142,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if constexpr (RS) {
-        tile_products_rs<M, KS>(acc, a_stage, b_addr, mt);
-      } else {
-        wgmma_fence();
-        tile_products<M, KS>(acc, a_stage, b_addr, mt);
-        wgmma_commit();
-      }
+      wgmma_fence();
+      tile_products<M, KS>(acc, a_stage, b_addr, mt);
+      wgmma_commit();
       wgmma_wait_all();
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
@@ -233,10 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #endif
 }
 
-template <Mode M, int KS, bool TRAIN, bool MIXED, bool RS>
+template <Mode M, int KS, bool TRAIN, bool MIXED>
 void launch_hopper_one(const Params& p, cudaStream_t stream) {
   using L = Layout<M, KS>;
-  auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, RS>;
+  auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
   smem_limit.raise_to(reinterpret_cast<const void*>(kernel), L::kSmem, device);
@@ -252,18 +182,8 @@ void launch_hopper_one(const Params& p, cudaStream_t stream) {
 
 // The Hopper kernel's grid of units (a unit: one pooled plane of kTH x kTW positions) in Params' tile fields, then
 // the instantiation for the input channels: 8 TF32 channels per k-step, 16 for 16-bit types.
-template <Mode M, bool MIXED, int KS>
-void launch_hopper_ks(const Params& p, bool train, bool rs, cudaStream_t stream) {
-  if (rs) {
-    return train ? launch_hopper_one<M, KS, true, MIXED, true>(p, stream)
-                 : launch_hopper_one<M, KS, false, MIXED, true>(p, stream);
-  }
-  return train ? launch_hopper_one<M, KS, true, MIXED, false>(p, stream)
-               : launch_hopper_one<M, KS, false, MIXED, false>(p, stream);
-}
-
 template <Mode M, bool MIXED>
-void launch_hopper_form(const Params& p0, bool train, bool rs, cudaStream_t stream) {
+void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   Params p = p0;
   // 16-byte row loads: unit w stride, every other stride and the base a multiple of a vector, rows of whole vectors.
   const int e = ModeTraits<M>::kHalf ? 8 : 4;
@@ -273,9 +193,17 @@ void launch_hopper_form(const Params& p0, bool train, bool rs, cudaStream_t stre
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;
   p.n_tiles = static_cast<int64_t>(p.N) * p.tiles_d * p.tiles_h * p.tiles_w;
-  // 8 TF32 or 16 16-bit channels per k-step.
-  if (!ModeTraits<M>::kHalf && p.Cin > 8) return launch_hopper_ks<M, MIXED, 2>(p, train, rs, stream);
-  return launch_hopper_ks<M, MIXED, 1>(p, train, rs, stream);
+  if constexpr (ModeTraits<M>::kHalf) {
+    if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
+    return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+  } else {
+    if (p.Cin <= 8) {
+      if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
+      return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+    }
+    if (train) return launch_hopper_one<M, 2, true, MIXED>(p, stream);
+    return launch_hopper_one<M, 2, false, MIXED>(p, stream);
+  }
 }
 
 }  // namespace hopper

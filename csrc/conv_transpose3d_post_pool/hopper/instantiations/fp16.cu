@@ -4,7 +4,7 @@
 namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
-template void launch_hopper_form<Mode::kFP16, false>(const Params& p, bool train, bool rs, cudaStream_t stream);
+template void launch_hopper_form<Mode::kFP16, false>(const Params& p, bool train, cudaStream_t stream);
 }  // namespace hopper
 }  // namespace conv_transpose3d_post_pool
 }  // namespace fused
