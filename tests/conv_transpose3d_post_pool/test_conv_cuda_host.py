@@ -62,3 +62,25 @@ def test_host_time_sanity_bound(dtype):
     t = min(host_us(lambda: conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1), torch.device("cuda"), n=50)
             for _ in range(3))
     assert t < 100.0, f"{t:.1f} us of host time per eager call"
+
+
+def test_forward_kernel_switch():
+    """The kernel switch the tests and benchmarks use: returns the previous choice, None only reads it, anything but
+    0, 1 or 2 raises and changes nothing; every build answers whether it holds the sm_90a kernel."""
+    from torch_fused_ops import _C
+
+    assert isinstance(_C._conv_wgmma_built(), bool)
+    start = _C._conv_forward_kernel(None)
+    try:
+        assert _C._conv_forward_kernel(1) == start
+        assert _C._conv_forward_kernel(None) == 1
+        assert _C._conv_forward_kernel(2) == 1
+        for bad in (-1, 3):
+            with pytest.raises(ValueError, match="mma.sync"):
+                _C._conv_forward_kernel(bad)
+        assert _C._conv_forward_kernel(None) == 2
+        with pytest.raises(TypeError):
+            _C._conv_forward_kernel("1")
+    finally:
+        _C._conv_forward_kernel(start)
+    assert _C._conv_forward_kernel(None) == start
