@@ -126,11 +126,6 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
   }
 }
 
-// leaky(v, s) for a slope in (0, 1]: v * s then lies between 0 and v with v's sign (zeros keep theirs), so the larger
-// of v and v * s is the same float as `v > 0 ? v : v * s` for every v, infinities included, and a NaN stays a
-// NaN: one max instead of a compare and a select on the epilogue's busiest pipe.
-__device__ __forceinline__ float leaky_unit_slope(float v, float s) { return fmaxf(v, v * s); }
-
 // Folds phase ph's conv values into the pooled result: the exact epilogue and max_pool3d's selection (value,
 // and in the training form the selected conv value and the window offset, one byte per value).
 // UNIT: both slopes in (0, 1] (the launcher's p.unit_slopes), so each leaky takes the one-max form.

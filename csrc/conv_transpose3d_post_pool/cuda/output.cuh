@@ -12,6 +12,11 @@
 namespace fused {
 namespace conv_transpose3d_post_pool {
 
+// leaky(v, s) for a slope in (0, 1]: v * s then lies between 0 and v with v's sign (zeros keep theirs), so the larger
+// of v and v * s is the same float as `v > 0 ? v : v * s` for every v, infinities included, and a NaN stays a
+// NaN: one max instead of a compare and a select on the epilogue's busiest pipe.
+__device__ __forceinline__ float leaky_unit_slope(float v, float s) { return fmaxf(v, v * s); }
+
 template <Mode M, bool MIXED>
 struct OutputTraits {
   using io_t = typename ModeTraits<M>::io_t;

@@ -360,14 +360,42 @@ __device__ float scalar_phase_value(const Params& p, int n, int qd, int qh, int 
   return s;
 }
 
+// Pooled output (n, co, qd, qh, qw) (and in the training form its selected value and offset) recomputed from global
+// memory with the exact epilogue and selection: the fix-up of both fused kernels where a non-finite weight met a
+// missing neighbour's zero.
+template <Mode M, bool TRAIN, bool MIXED>
+__device__ void recompute_exact_output(const Params& p, int n, int qd, int qh, int qw, int co) {
+  using io_t = typename ModeTraits<M>::io_t;
+  using Out = OutputTraits<M, MIXED>;
+  const float m = Out::multiplier(p, co);
+  const bool has_bias = p.bias != nullptr;
+  const float b = has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : 0.f;
+  float best = 0.f, sel = 0.f;
+  int off = 0;
+  for (int ph = 0; ph < 8; ++ph) {
+    float y = pre_activation(scalar_phase_value<M>(p, n, qd, qh, qw, co, ph), b, has_bias);
+    if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
+    const float e = Out::epilogue(y, m, p.s1, p.s2);
+    if (ph == 0 || takes_max(e, best)) {
+      best = e;
+      sel = y;
+      off = ph;
+    }
+  }
+  const int64_t o = n * p.so[0] + co * p.so[1] + qd * p.so[2] + qh * p.so[3] + qw * p.so[4];
+  Out::store(p, o, best);
+  if constexpr (TRAIN) {
+    static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel);
+    p.off[o] = static_cast<uint8_t>(off);
+  }
+}
+
 // The tile multiplies a missing neighbour's zero (q + 1 past the input, last window with output_padding 1) by
 // its weight, which is NaN for an infinite or NaN weight where the convolution has no term at all. Blocks that
 // saw such a weight recompute those pooled outputs here, one thread per (position, channel), with the exact
 // selection (the monotone form would give the same value up to a zero's sign).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ void fix_missing_neighbours(const Params& p, int n, int qd0, int qh0, int qw0, int td_tile, int co0) {
-  using io_t = typename ModeTraits<M>::io_t;
-  using Out = OutputTraits<M, MIXED>;
   const int count = td_tile * kTileH * kTileW * kBlockN;
   for (int i = threadIdx.x; i < count; i += kThreads) {
     const int co = co0 + i % kBlockN;
@@ -378,27 +406,7 @@ __device__ void fix_missing_neighbours(const Params& p, int n, int qd0, int qh0,
     const int qd = qd0 + r / kTileH;
     if (co >= p.Cout || qd >= p.PD || qh >= p.PH || qw >= p.PW) continue;
     if (qd + 1 < p.D && qh + 1 < p.H && qw + 1 < p.W) continue;
-    const float m = Out::multiplier(p, co);
-    const bool has_bias = p.bias != nullptr;
-    const float b = has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : 0.f;
-    float best = 0.f, sel = 0.f;
-    int off = 0;
-    for (int ph = 0; ph < 8; ++ph) {
-      float y = pre_activation(scalar_phase_value<M>(p, n, qd, qh, qw, co, ph), b, has_bias);
-      if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-      const float e = Out::epilogue(y, m, p.s1, p.s2);
-      if (ph == 0 || takes_max(e, best)) {
-        best = e;
-        sel = y;
-        off = ph;
-      }
-    }
-    const int64_t o = n * p.so[0] + co * p.so[1] + qd * p.so[2] + qh * p.so[3] + qw * p.so[4];
-    Out::store(p, o, best);
-    if constexpr (TRAIN) {
-      static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel);
-      p.off[o] = static_cast<uint8_t>(off);
-    }
+    recompute_exact_output<M, TRAIN, MIXED>(p, n, qd, qh, qw, co);
   }
 }
 

@@ -12,9 +12,6 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// leaky(v, s) for a slope in (0, 1]: the larger of v and v * s is the same float as `v > 0 ? v : v * s`.
-__device__ __forceinline__ float leaky_unit(float v, float s) { return fmaxf(v, v * s); }
-
 // Everything the epilogue reads per block: the block's multipliers and biases (shared memory), its first channel,
 // and the block-uniform form.
 struct EpilogueArgs {
@@ -60,7 +57,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
           for (int ph = 0; ph < 8; ++ph) {
             float y = acc[phase_slot(ph)][r] + b;
             if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-            const float e = p.unit_slopes ? leaky_unit(Out::mid(leaky_unit(y, p.s1)) * m, p.s2)
+            const float e = p.unit_slopes ? leaky_unit_slope(Out::mid(leaky_unit_slope(y, p.s1)) * m, p.s2)
                                           : Out::epilogue(y, m, p.s1, p.s2);
             // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
             const bool take = ph == 0 || takes_max(e, best);
@@ -90,36 +87,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
 // 0..127), after the warpgroup's stores (the caller's barrier).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ void fix_unit_edges(const Params& p, const TileOrigin& u, int co0, int ctid) {
-  using io_t = typename ModeTraits<M>::io_t;
-  using Out = OutputTraits<M, MIXED>;
   for (int i = ctid; i < kTH * kTW * kCoBlock; i += 128) {
     const int co = co0 + i % kCoBlock;
     const int qw = u.qw0 + (i / kCoBlock) % kTW;
     const int qh = u.qh0 + i / (kCoBlock * kTW);
-    const int qd = u.qd0;
     if (co >= p.Cout || qh >= p.PH || qw >= p.PW) continue;
-    if (qd + 1 < p.D && qh + 1 < p.H && qw + 1 < p.W) continue;
-    const float m = Out::multiplier(p, co);
-    const bool has_bias = p.bias != nullptr;
-    const float b = has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : 0.f;
-    float best = 0.f, sel = 0.f;
-    int off = 0;
-    for (int ph = 0; ph < 8; ++ph) {
-      float y = pre_activation(scalar_phase_value<M>(p, u.n, qd, qh, qw, co, ph), b, has_bias);
-      if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-      const float e = Out::epilogue(y, m, p.s1, p.s2);
-      if (ph == 0 || takes_max(e, best)) {
-        best = e;
-        sel = y;
-        off = ph;
-      }
-    }
-    const int64_t o = u.n * p.so[0] + co * p.so[1] + qd * p.so[2] + qh * p.so[3] + qw * p.so[4];
-    Out::store(p, o, best);
-    if constexpr (TRAIN) {
-      static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel);
-      p.off[o] = static_cast<uint8_t>(off);
-    }
+    if (u.qd0 + 1 < p.D && qh + 1 < p.H && qw + 1 < p.W) continue;
+    recompute_exact_output<M, TRAIN, MIXED>(p, u.n, u.qd0, qh, qw, co);
   }
 }
 

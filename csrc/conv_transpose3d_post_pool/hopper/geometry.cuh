@@ -78,7 +78,6 @@ template <Mode M, int KS>
 struct Layout {
   static constexpr int kChunkElems = ModeTraits<M>::kHalf ? 8 : 4;
   static constexpr int kChunks = 2 * KS;  // a k-step is two chunks
-  static constexpr int kCin = kChunks * kChunkElems;  // channels the instantiation covers
   // A: per plane, chunk-major: [chunk][position][16 bytes].
   static constexpr int kChunkBytes = kSlice * 16;
   static constexpr int kPlaneBytes = kChunks * kChunkBytes;

@@ -27,13 +27,13 @@ __device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
 
 // 16 bytes of chunk elements (channels c0 .. c0 + kChunkElems - 1, zero past Cin or where `valid` is false) of the
 // tensor at element offset `at` with channel stride `sc`. Sets `nonfinite` for a real non-finite element.
-template <Mode M, int KS>
+template <Mode M>
 __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
                                             bool& nonfinite) {
-  using L = Layout<M, KS>;
-  uint32_t e[L::kChunkElems];
+  constexpr int kElems = ModeTraits<M>::kHalf ? 8 : 4;
+  uint32_t e[kElems];
 #pragma unroll
-  for (int i = 0; i < L::kChunkElems; ++i) {
+  for (int i = 0; i < kElems; ++i) {
     e[i] = valid && c0 + i < C ? staged_bits<M>(base, at + (c0 + i) * sc) : 0u;
   }
   uint32_t w[4];
@@ -73,7 +73,7 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
     const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
     const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
                        (tap % 3) * p.sw[4];
-    uint4 v = load_chunk<M, KS>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
+    uint4 v = load_chunk<M>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
     if (negate && sMult[c] < 0.f) {
       v.x ^= flip;
       v.y ^= flip;
@@ -106,7 +106,7 @@ __device__ void stage_unit_scalar(const Params& p, uint8_t* stage, const TileOri
       const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + ww;
       const bool valid = i < kItems && d < p.D && h < p.H && w < p.W;
       const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w * p.sx[4] : 0;
-      v[b] = load_chunk<M, KS>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
+      v[b] = load_chunk<M>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -190,7 +190,7 @@ __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigi
     const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
     const bool valid = d < p.D && h < p.H && w < p.W;
     const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
-    const uint4 v = load_chunk<M, KS>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
+    const uint4 v = load_chunk<M>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
     *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
   }
 }
