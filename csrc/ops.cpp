@@ -72,6 +72,17 @@ TORCH_LIBRARY(fused, m) {
       "int[3] kernel_size, int[3] pool_stride=[], int[3] pool_padding=0, int[3] pool_dilation=1, "
       "bool ceil_mode=False, float? negative_slope2=None) -> (Tensor out, Tensor selected, Tensor offsets)",
       {at::Tag::pt2_compliant_tag});
+  // conv_transpose3d_post_pool(input.to(dtype), weight.to(dtype), bias.to(dtype), ...): what the op's torch.autocast
+  // kernel calls where no gradient is recorded, so that autocast's casts of the operands need no kernels of their
+  // own. Where the fused CUDA kernel can (contract.h: conv_transpose3d_post_pool_cuda_rounds_operands) it rounds the
+  // float32 operands as it loads them; elsewhere the op casts, then calls conv_transpose3d_post_pool. Same result,
+  // bit for bit; differentiable (through the casts).
+  m.def(
+      "_conv_transpose3d_post_pool_cast(Tensor input, Tensor weight, Tensor? bias, ScalarType dtype, int[3] stride, "
+      "int[3] padding, int[3] output_padding, int groups, int[3] dilation, Tensor multiplier, float negative_slope, "
+      "int[3] kernel_size, int[3] pool_stride=[], int[3] pool_padding=0, int[3] pool_dilation=1, "
+      "bool ceil_mode=False, float? negative_slope2=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
   // Internal: the fused convolution's backward at pooled resolution, for its geometry only (convolution kernel 3,
   // stride 2, padding 1, dilation 1, groups 1, output_padding 0 or 1 per dim; pool 2x2x2 with stride 2, uint8
   // offsets). Kernels in csrc/conv_transpose3d_post_pool/backward.cpp (CUDA kernels:

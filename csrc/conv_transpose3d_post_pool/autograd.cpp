@@ -273,11 +273,42 @@ at::Tensor conv_transpose3d_post_pool_autograd(const at::Tensor& input, const at
                         negative_slope2);
 }
 
+// _conv_transpose3d_post_pool_cast: a call that needs a gradient casts (differentiable casts, which give the float32
+// operands their gradients as eager autocast's do) and goes through the op's autograd above; otherwise a fresh call
+// below autograd, where the kernel may round the operands itself.
+at::Tensor conv_transpose3d_post_pool_cast_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                                    const std::optional<at::Tensor>& bias, at::ScalarType dtype,
+                                                    at::IntArrayRef stride, at::IntArrayRef padding,
+                                                    at::IntArrayRef output_padding, int64_t groups,
+                                                    at::IntArrayRef dilation, const at::Tensor& multiplier,
+                                                    double negative_slope, at::IntArrayRef kernel_size,
+                                                    at::IntArrayRef pool_stride, at::IntArrayRef pool_padding,
+                                                    at::IntArrayRef pool_dilation, bool ceil_mode,
+                                                    std::optional<double> negative_slope2) {
+  if (needs_grad({&input, &weight, bias.has_value() ? &*bias : nullptr, &multiplier})) {
+    std::optional<at::Tensor> b;
+    if (bias.has_value() && bias->defined()) b = bias->to(dtype);
+    return conv_transpose3d_post_pool_autograd(input.to(dtype), weight.to(dtype), b, stride, padding, output_padding,
+                                               groups, dilation, multiplier, negative_slope, kernel_size, pool_stride,
+                                               pool_padding, pool_dilation, ceil_mode, negative_slope2);
+  }
+  using CastSig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::ScalarType,
+                             at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef,
+                             const at::Tensor&, double, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                             at::IntArrayRef, bool, std::optional<double>);
+  static const auto cast_op = op_handle<CastSig>("fused::_conv_transpose3d_post_pool_cast");
+  const c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+  return cast_op.call(input, weight, bias, dtype, stride, padding, output_padding, groups, dilation, multiplier,
+                      negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode,
+                      negative_slope2);
+}
+
 }  // namespace
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool_autograd);
+  m.impl("_conv_transpose3d_post_pool_cast", &fused::conv_transpose3d_post_pool_cast_autograd);
   m.impl("conv_transpose3d_post_pool_with_offsets", &fused::conv_transpose3d_post_pool_with_offsets_autograd);
   m.impl("_conv_transpose3d_post_pool_grad_conv",
          &fused::NotDifferentiable<fused::kGradConv, fused::kFamily, fused::GradConvSig>::call);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <optional>
 
 namespace fused {
 
@@ -26,13 +27,23 @@ namespace fused {
 // (jd*2 + jh)*2 + jw, with max_pool3d's rules: ties keep the first tap, the last NaN wins, a window whose every
 // value is -inf reports its first tap.
 // allow_tf32: float32 on TF32 tensor cores (operands rounded to nearest, as cuDNN); false keeps float32 accuracy.
+// round_to (bfloat16 or float16; only where conv_transpose3d_post_pool_cuda_rounds_operands): input, weight and bias
+// are float32 and the kernel computes with them rounded to that dtype, as if they had been cast first (the mixed
+// inference form only: a float32 multiplier and out, no selected/offsets).
 // Never synchronises with the device; launches on the current stream. Only where
 // conv_transpose3d_post_pool_cuda_fits.
 void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                             const at::Tensor& multiplier, double negative_slope,
                                             double negative_slope2, std::array<int64_t, 3> output_padding,
                                             bool allow_tf32, const at::Tensor& out, const at::Tensor& selected,
-                                            const at::Tensor& offsets);
+                                            const at::Tensor& offsets,
+                                            std::optional<at::ScalarType> round_to = std::nullopt);
+
+// Whether launch_conv_transpose3d_post_pool_cuda takes round_to = dtype for float32 input [N, Cin, D, H, W] and
+// weight [Cin, Cout, 3, 3, 3] with a float32 multiplier, inference form, on the input's device: where the sm_90a
+// kernel runs that problem (its mixed form rounds the operands as it stages them). Elsewhere the caller casts.
+bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input,
+                                                     const at::Tensor& weight, std::array<int64_t, 3> output_padding);
 
 // Whether the kernel's shared memory for this dtype and input channel count fits CUDA device `device` (compute
 // capability 8.6 / 8.9 allow 99 KB per block: float32 with more than 16 input channels, 16-bit with more than 32,

@@ -94,6 +94,43 @@ Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, 
                                          conv_allows_tf32(), out, selected, offsets);
   return {out, selected, offsets};
 }
+
+// _conv_transpose3d_post_pool_cast's fused path: float32 input, weight and bias rounded to `dtype` by the kernel, a
+// float32 multiplier of at least one dim (the mixed form: output float32), where the kernel takes that problem.
+// Returns an undefined tensor where it does not (the caller casts instead). The checks are the op's own on the
+// float32 operands: none of them depends on the operands' dtype once the multiplier's matches.
+at::Tensor fused_cuda_rounding(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, at::ScalarType dtype, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
+                               at::IntArrayRef dilation, const at::Tensor& multiplier, double negative_slope,
+                               at::IntArrayRef kernel_size, at::IntArrayRef pool_stride, at::IntArrayRef pool_padding,
+                               at::IntArrayRef pool_dilation, bool ceil_mode, std::optional<double> negative_slope2) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || !input.is_cuda() || input.scalar_type() != at::kFloat ||
+      weight.scalar_type() != at::kFloat || (has_bias && bias->scalar_type() != at::kFloat) ||
+      multiplier.scalar_type() != at::kFloat || multiplier.dim() == 0) {
+    return at::Tensor();
+  }
+  const ConvTranspose3dPostPoolGeometry g =
+      check_conv_transpose3d_post_pool_args(kOp, input, weight, bias, stride, padding, output_padding, groups,
+                                            dilation, multiplier, kernel_size, pool_stride, pool_padding,
+                                            pool_dilation, ceil_mode);
+  if (fused_kernel_unsupported_reason(input, weight, g) != nullptr ||
+      !conv_transpose3d_post_pool_cuda_fits(dtype, input.size(1), input.get_device()) ||
+      !conv_transpose3d_post_pool_cuda_rounds_operands(dtype, input, weight, g.output_padding)) {
+    return at::Tensor();
+  }
+  const c10::DeviceGuard guard(input.device());
+  at::Tensor out = at::empty(g.pooled_size(), input.options().memory_format(g.format).dtype(at::kFloat));
+  if (out.numel() == 0) return out;
+  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  const at::Tensor m = multiplier.is_contiguous() ? multiplier : post_pool::flat_multiplier(multiplier);
+  launch_conv_transpose3d_post_pool_cuda(in_kernel_layout(input, g.format), in_kernel_layout(weight, g.format), b,
+                                         m, negative_slope, negative_slope2.value_or(negative_slope),
+                                         g.output_padding, conv_allows_tf32(), out, at::Tensor(), at::Tensor(),
+                                         dtype);
+  return out;
+}
 #endif
 
 Outputs forward(bool with_offsets, bool on_cuda, const at::Tensor& input, const at::Tensor& weight,
@@ -145,16 +182,46 @@ Outputs conv_transpose3d_post_pool_with_offsets_forward(const at::Tensor& input,
                  negative_slope, kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode, negative_slope2);
 }
 
+// conv_transpose3d_post_pool on the operands cast to `dtype`: in one kernel where the fused CUDA kernel rounds them
+// itself, else the casts (at::Tensor::to, as autocast casts) and the op.
+template <bool kCuda>
+at::Tensor conv_transpose3d_post_pool_cast_forward(const at::Tensor& input, const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias, at::ScalarType dtype,
+                                                   at::IntArrayRef stride, at::IntArrayRef padding,
+                                                   at::IntArrayRef output_padding, int64_t groups,
+                                                   at::IntArrayRef dilation, const at::Tensor& multiplier,
+                                                   double negative_slope, at::IntArrayRef kernel_size,
+                                                   at::IntArrayRef pool_stride, at::IntArrayRef pool_padding,
+                                                   at::IntArrayRef pool_dilation, bool ceil_mode,
+                                                   std::optional<double> negative_slope2) {
+#ifdef WITH_CUDA
+  if (kCuda) {
+    at::Tensor out = fused_cuda_rounding(input, weight, bias, dtype, stride, padding, output_padding, groups,
+                                         dilation, multiplier, negative_slope, kernel_size, pool_stride, pool_padding,
+                                         pool_dilation, ceil_mode, negative_slope2);
+    if (out.defined()) return out;
+  }
+#endif
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = bias->to(dtype);
+  return conv_transpose3d_post_pool_forward<kCuda>(input.to(dtype), weight.to(dtype), b, stride, padding,
+                                                   output_padding, groups, dilation, multiplier, negative_slope,
+                                                   kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode,
+                                                   negative_slope2);
+}
+
 }  // namespace
 }  // namespace fused
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool_forward<false>);
   m.impl("conv_transpose3d_post_pool_with_offsets", &fused::conv_transpose3d_post_pool_with_offsets_forward<false>);
+  m.impl("_conv_transpose3d_post_pool_cast", &fused::conv_transpose3d_post_pool_cast_forward<false>);
 }
 
 // Registered in every build: without the CUDA kernels compiled in, CUDA tensors run the composite.
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("conv_transpose3d_post_pool", &fused::conv_transpose3d_post_pool_forward<true>);
   m.impl("conv_transpose3d_post_pool_with_offsets", &fused::conv_transpose3d_post_pool_with_offsets_forward<true>);
+  m.impl("_conv_transpose3d_post_pool_cast", &fused::conv_transpose3d_post_pool_cast_forward<true>);
 }

@@ -199,6 +199,13 @@ torch.library.register_fake(_OP, lambda *args: _fake_forward(False, *_full_args(
 torch.library.register_fake(_OP + "_with_offsets", lambda *args: _fake_forward(True, *_full_args(args)))
 
 
+@torch.library.register_fake("fused::_conv_transpose3d_post_pool_cast")
+def _fake_cast(input, weight, bias, dtype, *rest):
+    """The op on its operands cast to dtype (what its kernels compute, and the layout they give)."""
+    operands = [t.to(dtype) if isinstance(t, Tensor) else t for t in (input, weight, bias)]
+    return _fake_forward(False, *_full_args((*operands, *rest)))
+
+
 # Kernels (CPU, CUDA) and autograd are C++: csrc/conv_transpose3d_post_pool/op.cpp and
 # csrc/conv_transpose3d_post_pool/autograd.cpp. The checks above mirror csrc/conv_transpose3d_post_pool/checks.cpp.
 

@@ -79,29 +79,49 @@ int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(devi
 // benchmarks/conv_transpose3d_post_pool/hopper_forward.py): at least 4 units per multiprocessor (a unit is one pooled
 // plane of 8 x 32 positions: batch 16 at the KernelBench size has 7.75, batch 1 has 0.5 and ran 1.3-1.9x slower),
 // and not the mixed training form (its float32, 16-bit and byte stores ran 10 % slower).
-bool hopper_applies(Mode mode, bool mixed, bool train, const Params& p, int device) {
+bool hopper_applies(Mode mode, bool mixed, bool train, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
+                    int64_t Cout, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
-  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || p.Cin > 16 ||
+  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || Cin > 16 ||
       compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
     return false;
   }
   if (choice == ConvForwardKernel::kWgmma) return true;
-  const int64_t units = static_cast<int64_t>(p.N) * p.PD * ceil_div(p.PH, hopper::kTH) * ceil_div(p.PW, hopper::kTW) *
-                        ceil_div(p.Cout, hopper::kCoBlock);
+  const int64_t units = N * PD * ceil_div(PH, hopper::kTH) * ceil_div(PW, hopper::kTW) * ceil_div(Cout, hopper::kCoBlock);
   return units >= 4 * static_cast<int64_t>(multiprocessor_count(device)) && !(mixed && train);
 #else
   (void)mode;
   (void)mixed;
   (void)train;
-  (void)p;
+  (void)N;
+  (void)PD;
+  (void)PH;
+  (void)PW;
+  (void)Cin;
+  (void)Cout;
   (void)device;
   return false;
 #endif
 }
 
+Mode mode_of(at::ScalarType dtype, bool allow_tf32) {
+  return dtype == at::kFloat ? (allow_tf32 ? Mode::kTF32 : Mode::kStrict)
+         : dtype == at::kBFloat16 ? Mode::kBF16
+                                  : Mode::kFP16;
+}
+
 }  // namespace
 }  // namespace conv_transpose3d_post_pool
+
+bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input,
+                                                     const at::Tensor& weight, std::array<int64_t, 3> output_padding) {
+  using namespace conv_transpose3d_post_pool;
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  return hopper_applies(mode_of(dtype, true), /*mixed=*/true, /*train=*/false, input.size(0),
+                        input.size(2) - 1 + output_padding[0], input.size(3) - 1 + output_padding[1],
+                        input.size(4) - 1 + output_padding[2], input.size(1), weight.size(1), input.get_device());
+}
 
 bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device) {
   using namespace conv_transpose3d_post_pool;
@@ -118,16 +138,20 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
                                             const at::Tensor& multiplier, double negative_slope,
                                             double negative_slope2, std::array<int64_t, 3> output_padding,
                                             bool allow_tf32, const at::Tensor& out, const at::Tensor& selected,
-                                            const at::Tensor& offsets) {
+                                            const at::Tensor& offsets, std::optional<at::ScalarType> round_to) {
   using namespace conv_transpose3d_post_pool;
   TORCH_INTERNAL_ASSERT(input.dim() == 5 && weight.dim() == 5 && out.dim() == 5);
   TORCH_INTERNAL_ASSERT(input.is_cuda() && weight.device() == input.device() && out.device() == input.device());
-  const auto dtype = input.scalar_type();
+  const auto stored = input.scalar_type();
+  // The convolution's dtype; `cast`: float32 operands that the kernel rounds to it (source.cuh).
+  const auto dtype = round_to.value_or(stored);
+  const bool cast = dtype != stored;
   TORCH_INTERNAL_ASSERT(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+  TORCH_INTERNAL_ASSERT(!cast || (stored == at::kFloat && dtype != at::kFloat));
   // The mixed form: a float32 multiplier and output for a float16/bfloat16 convolution (output.cuh).
   const bool mixed = dtype != at::kFloat && multiplier.scalar_type() == at::kFloat;
   const auto out_dtype = mixed ? at::kFloat : dtype;
-  TORCH_INTERNAL_ASSERT(weight.scalar_type() == dtype && out.scalar_type() == out_dtype &&
+  TORCH_INTERNAL_ASSERT(weight.scalar_type() == stored && out.scalar_type() == out_dtype &&
                         multiplier.scalar_type() == out_dtype);
   const int64_t N = input.size(0), Cin = input.size(1), D = input.size(2), H = input.size(3), W = input.size(4);
   const int64_t Cout = weight.size(1);
@@ -137,7 +161,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   TORCH_INTERNAL_ASSERT(out.size(0) == N && out.size(1) == Cout && out.size(2) == PD && out.size(3) == PH &&
                         out.size(4) == PW);
   TORCH_INTERNAL_ASSERT(multiplier.is_contiguous() && (multiplier.numel() == 1 || multiplier.numel() == Cout));
-  TORCH_INTERNAL_ASSERT(!bias.defined() || (bias.scalar_type() == dtype && bias.is_contiguous() &&
+  TORCH_INTERNAL_ASSERT(!bias.defined() || (bias.scalar_type() == stored && bias.is_contiguous() &&
                                             bias.numel() == Cout));
   const bool train = selected.defined();
   TORCH_INTERNAL_ASSERT(train == offsets.defined());
@@ -177,9 +201,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.unit_slopes = p.s1 > 0.f && p.s1 <= 1.f && p.s2 > 0.f && p.s2 <= 1.f;
   p.x_channels_last = Cin > 1 && input.stride(1) == 1;
 
-  const Mode mode = dtype == at::kFloat ? (allow_tf32 ? Mode::kTF32 : Mode::kStrict)
-                    : dtype == at::kBFloat16 ? Mode::kBF16
-                                             : Mode::kFP16;
+  const Mode mode = mode_of(dtype, allow_tf32);
   int64_t padded = 0;
   p.chunk_words = chunk_words_for(dtype, Cin, &padded);
   p.nchunks = static_cast<int>(ceil_div(padded, p.chunk_words));
@@ -208,7 +230,14 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  if (hopper_applies(mode, mixed, train, p, device)) {
+  const bool hopper = hopper_applies(mode, mixed, train, N, PD, PH, PW, Cin, Cout, device);
+  if (cast) {
+    // Only where conv_transpose3d_post_pool_cuda_rounds_operands said so.
+    TORCH_INTERNAL_ASSERT(hopper && mixed && !train);
+    return mode == Mode::kBF16 ? hopper::launch_hopper_form<Mode::kBF16, true, true>(p, train, stream)
+                               : hopper::launch_hopper_form<Mode::kFP16, true, true>(p, train, stream);
+  }
+  if (hopper) {
     switch (mode) {
       case Mode::kTF32:
         return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, stream);

@@ -85,8 +85,9 @@ void launch_form(const Params& p, int mt, bool train, cudaStream_t stream);
 
 namespace hopper {
 // The sm_90a kernel (hopper/kernel.cuh), instantiated per precision and output form in hopper/instantiations/;
-// only where hopper_applies (launch.cu).
-template <Mode M, bool MIXED>
+// only where hopper_applies (launch.cu). CAST: float32 input, weight and bias rounded to M's 16-bit dtype on load
+// (cuda/source.cuh), the mixed inference form only.
+template <Mode M, bool MIXED, bool CAST = false>
 void launch_hopper_form(const Params& p, bool train, cudaStream_t stream);
 }  // namespace hopper
 

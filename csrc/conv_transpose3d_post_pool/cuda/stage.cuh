@@ -4,6 +4,7 @@
 
 #include "conv_transpose3d_post_pool/cuda/output.cuh"
 #include "conv_transpose3d_post_pool/cuda/params.cuh"
+#include "conv_transpose3d_post_pool/cuda/source.cuh"
 #include "conv_transpose3d_post_pool/cuda/tiles.cuh"
 #include "common/epilogue.h"
 
@@ -326,20 +327,20 @@ __device__ __forceinline__ bool store_halo_slice(const Params& p, uint32_t* __re
   return unsafe;
 }
 
-// A scalar value of the I/O tensor as the tensor cores would see it (TF32-rounded for kTF32).
-template <Mode M>
+// A scalar operand as the tensor cores would see it (TF32-rounded for kTF32; CAST: source.cuh).
+template <Mode M, bool CAST = false>
 __device__ __forceinline__ float operand(const void* base, int64_t at) {
   if constexpr (!ModeTraits<M>::kHalf) {
     const float v = static_cast<const float*>(base)[at];
     return M == Mode::kTF32 ? __uint_as_float(tf32_round(v)) : v;
   } else {
-    return bits_to_float<M>(static_cast<const uint16_t*>(base)[at]);
+    return Source<M, CAST>::value(base, at);
   }
 }
 
 // Conv output (before bias) of phase `ph` at pooled (n, qd, qh, qw), channel co, from global memory with only
 // the in-range neighbours.
-template <Mode M>
+template <Mode M, bool CAST = false>
 __device__ float scalar_phase_value(const Params& p, int n, int qd, int qh, int qw, int co, int ph) {
   const int ed = ph >> 2, eh = (ph >> 1) & 1, ew = ph & 1;
   float s = 0.f;
@@ -352,7 +353,7 @@ __device__ float scalar_phase_value(const Params& p, int n, int qd, int qh, int 
         const int64_t xat = n * p.sx[0] + d * p.sx[2] + h * p.sx[3] + w * p.sx[4];
         const int64_t wat = co * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] + (tap % 3) * p.sw[4];
         for (int c = 0; c < p.Cin; ++c) {
-          s = fmaf(operand<M>(p.x, xat + c * p.sx[1]), operand<M>(p.w, wat + c * p.sw[0]), s);
+          s = fmaf(operand<M, CAST>(p.x, xat + c * p.sx[1]), operand<M, CAST>(p.w, wat + c * p.sw[0]), s);
         }
       }
     }
@@ -363,17 +364,17 @@ __device__ float scalar_phase_value(const Params& p, int n, int qd, int qh, int 
 // Pooled output (n, co, qd, qh, qw) (and in the training form its selected value and offset) recomputed from global
 // memory with the exact epilogue and selection: the fix-up of both fused kernels where a non-finite weight met a
 // missing neighbour's zero.
-template <Mode M, bool TRAIN, bool MIXED>
+template <Mode M, bool TRAIN, bool MIXED, bool CAST = false>
 __device__ void recompute_exact_output(const Params& p, int n, int qd, int qh, int qw, int co) {
   using io_t = typename ModeTraits<M>::io_t;
   using Out = OutputTraits<M, MIXED>;
   const float m = Out::multiplier(p, co);
   const bool has_bias = p.bias != nullptr;
-  const float b = has_bias ? to_float(static_cast<const io_t*>(p.bias)[co]) : 0.f;
+  const float b = has_bias ? Source<M, CAST>::value(p.bias, co) : 0.f;
   float best = 0.f, sel = 0.f;
   int off = 0;
   for (int ph = 0; ph < 8; ++ph) {
-    float y = pre_activation(scalar_phase_value<M>(p, n, qd, qh, qw, co, ph), b, has_bias);
+    float y = pre_activation(scalar_phase_value<M, CAST>(p, n, qd, qh, qw, co, ph), b, has_bias);
     if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
     const float e = Out::epilogue(y, m, p.s1, p.s2);
     if (ph == 0 || takes_max(e, best)) {

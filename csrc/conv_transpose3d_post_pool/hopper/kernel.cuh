@@ -63,11 +63,10 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
 }
 
-template <Mode M, int KS, bool TRAIN, bool MIXED>
+template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
   using L = Layout<M, KS>;
-  using io_t = typename ModeTraits<M>::io_t;
   using Out = OutputTraits<M, MIXED>;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sB = smem;
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     const bool ok = co < p.Cout;
     const float m = ok ? Out::multiplier(p, co) : 1.f;
     // Without a bias, -0: adding it leaves every value as it is (-0 included).
-    const float b = ok && p.bias != nullptr ? to_float(static_cast<const io_t*>(p.bias)[co]) : -0.f;
+    const float b = ok && p.bias != nullptr ? Source<M, CAST>::value(p.bias, co) : -0.f;
     const float inf = __int_as_float(0x7f800000);
     breaks_monotone = ok && (m == 0.f || !(fabsf(m) < inf) || !(fabsf(b) < inf));
     sMult[tid] = m;
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const bool any_breaks = __syncthreads_or(breaks_monotone);
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
   const bool exact = TRAIN || !(p.s1 > 0.f && p.s2 > 0.f) || any_breaks;
-  const bool w_nonfinite = stage_weights<M, KS>(p, sB, co0, sMult, !exact);
+  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact);
   const bool fix_edges = __syncthreads_or(w_nonfinite);
 
   const int wg = tid / 128;
@@ -112,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
-      stage_unit<M, KS>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+      stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
       mbar_arrive(&full[stage]);
     }
     return;
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
-      fix_unit_edges<M, TRAIN, MIXED>(p, u, co0, ctid);
+      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid);
     }
   }
 #else
@@ -163,10 +162,10 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #endif
 }
 
-template <Mode M, int KS, bool TRAIN, bool MIXED>
+template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 void launch_hopper_one(const Params& p, cudaStream_t stream) {
   using L = Layout<M, KS>;
-  auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED>;
+  auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, CAST>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
   smem_limit.raise_to(reinterpret_cast<const void*>(kernel), L::kSmem, device);
@@ -181,28 +180,32 @@ void launch_hopper_one(const Params& p, cudaStream_t stream) {
 }
 
 // The Hopper kernel's grid of units (a unit: one pooled plane of kTH x kTW positions) in Params' tile fields, then
-// the instantiation for the input channels: 8 TF32 channels per k-step, 16 for 16-bit types.
-template <Mode M, bool MIXED>
+// the instantiation for the input channels: 8 TF32 channels per k-step, 16 for 16-bit types. CAST (float32 operands
+// rounded on load, source.cuh) has the inference form only.
+template <Mode M, bool MIXED, bool CAST>
 void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   Params p = p0;
   // 16-byte row loads: unit w stride, every other stride and the base a multiple of a vector, rows of whole vectors.
-  const int e = ModeTraits<M>::kHalf ? 8 : 4;
+  const int e = 16 / Source<M, CAST>::kElemBytes;
   p.x_rows16 = p.sx[4] == 1 && p.sx[0] % e == 0 && p.sx[1] % e == 0 && p.sx[2] % e == 0 && p.sx[3] % e == 0 &&
                p.W % e == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;
   p.n_tiles = static_cast<int64_t>(p.N) * p.tiles_d * p.tiles_h * p.tiles_w;
-  if constexpr (ModeTraits<M>::kHalf) {
-    if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
-    return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+  if constexpr (CAST) {
+    TORCH_INTERNAL_ASSERT(!train, "the sm_90a kernel rounds float32 operands in its inference form only");
+    return launch_hopper_one<M, 1, false, MIXED, true>(p, stream);
+  } else if constexpr (ModeTraits<M>::kHalf) {
+    if (train) return launch_hopper_one<M, 1, true, MIXED, false>(p, stream);
+    return launch_hopper_one<M, 1, false, MIXED, false>(p, stream);
   } else {
     if (p.Cin <= 8) {
-      if (train) return launch_hopper_one<M, 1, true, MIXED>(p, stream);
-      return launch_hopper_one<M, 1, false, MIXED>(p, stream);
+      if (train) return launch_hopper_one<M, 1, true, MIXED, false>(p, stream);
+      return launch_hopper_one<M, 1, false, MIXED, false>(p, stream);
     }
-    if (train) return launch_hopper_one<M, 2, true, MIXED>(p, stream);
-    return launch_hopper_one<M, 2, false, MIXED>(p, stream);
+    if (train) return launch_hopper_one<M, 2, true, MIXED, false>(p, stream);
+    return launch_hopper_one<M, 2, false, MIXED, false>(p, stream);
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/params.cuh"
+#include "conv_transpose3d_post_pool/cuda/source.cuh"
 #include "conv_transpose3d_post_pool/cuda/stage.cuh"
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
 #include "conv_transpose3d_post_pool/hopper/sync.cuh"
@@ -15,11 +16,12 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 rounded to TF32, or one 16-bit half.
-template <Mode M>
+// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 rounded to TF32, or one 16-bit half
+// (CAST: rounded from float32, source.cuh).
+template <Mode M, bool CAST>
 __device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
   if constexpr (ModeTraits<M>::kHalf) {
-    return __ldg(static_cast<const unsigned short*>(base) + at);
+    return Source<M, CAST>::bits16(base, at);
   } else {
     return tf32_round(__ldg(static_cast<const float*>(base) + at));
   }
@@ -27,14 +29,14 @@ __device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
 
 // 16 bytes of chunk elements (channels c0 .. c0 + kChunkElems - 1, zero past Cin or where `valid` is false) of the
 // tensor at element offset `at` with channel stride `sc`. Sets `nonfinite` for a real non-finite element.
-template <Mode M>
+template <Mode M, bool CAST>
 __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
                                             bool& nonfinite) {
   constexpr int kElems = ModeTraits<M>::kHalf ? 8 : 4;
   uint32_t e[kElems];
 #pragma unroll
   for (int i = 0; i < kElems; ++i) {
-    e[i] = valid && c0 + i < C ? staged_bits<M>(base, at + (c0 + i) * sc) : 0u;
+    e[i] = valid && c0 + i < C ? staged_bits<M, CAST>(base, at + (c0 + i) * sc) : 0u;
   }
   uint32_t w[4];
 #pragma unroll
@@ -55,7 +57,7 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
 // zero past Cin and Cout. `negate` (the monotone form) stores -w for channels with a negative multiplier, as the
 // mma.sync kernel does. Every thread takes part; returns whether this thread saw a non-finite weight. Fenced for
 // the tensor cores' reads.
-template <Mode M, int KS>
+template <Mode M, int KS, bool CAST>
 __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate) {
   using L = Layout<M, KS>;
   bool nonfinite = false;
@@ -73,7 +75,7 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
     const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
     const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
                        (tap % 3) * p.sw[4];
-    uint4 v = load_chunk<M>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
+    uint4 v = load_chunk<M, CAST>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
     if (negate && sMult[c] < 0.f) {
       v.x ^= flip;
       v.y ^= flip;
@@ -88,7 +90,7 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
 
 // Scalar staging of one unit (any strides and alignment): items (plane, chunk, position), kBatch chunks' loads
 // issued before their stores.
-template <Mode M, int KS>
+template <Mode M, int KS, bool CAST>
 __device__ void stage_unit_scalar(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   using L = Layout<M, KS>;
   constexpr int kItems = 2 * L::kChunks * kSlice;
@@ -106,7 +108,7 @@ __device__ void stage_unit_scalar(const Params& p, uint8_t* stage, const TileOri
       const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + ww;
       const bool valid = i < kItems && d < p.D && h < p.H && w < p.W;
       const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w * p.sx[4] : 0;
-      v[b] = load_chunk<M>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
+      v[b] = load_chunk<M, CAST>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -190,7 +192,59 @@ __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigi
     const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
     const bool valid = d < p.D && h < p.H && w < p.W;
     const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
-    const uint4 v = load_chunk<M>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
+    const uint4 v = load_chunk<M, false>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
+    *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
+  }
+}
+
+// stage_unit_rows for float32 x rounded to the 16-bit mode (CAST), where x's w rows are 16-byte aligned with unit
+// stride (p.x_rows16): a block is the chunk's 8 channels x 4 consecutive positions of one row, one 16-byte vector
+// of 4 floats per channel, stored as 4 chunks of 8 rounded channels. The last column by scalar loads.
+template <Mode M, int KS>
+__device__ void stage_unit_rows_cast(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+  using L = Layout<M, KS>;
+  using S = Source<M, true>;
+  constexpr int E = L::kChunkElems;  // channels per chunk
+  constexpr int V = 4;               // positions per vector
+  constexpr int kRowBlocks = kTW / V;
+  constexpr int kBlocks = 2 * L::kChunks * kHaloH * kRowBlocks;
+  const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
+  for (int i = ptid; i < kBlocks; i += 128) {
+    const int wb = i % kRowBlocks, r = i / kRowBlocks;
+    const int hh = r % kHaloH, r2 = r / kHaloH;
+    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
+    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + wb * V;
+    // W is a multiple of V here, so a block is wholly inside or wholly past the row's end.
+    const bool valid = d < p.D && h < p.H && w < p.W;
+    const int64_t at = nbase + d * p.sx[2] + h * p.sx[3] + w;
+    float4 v[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = chunk * E + e;
+      v[e] = valid && c < p.Cin ? __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + at +
+                                                                        c * p.sx[1]))
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    uint8_t* dst = stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + wb * V) * 16;
+    const float* f[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) f[e] = reinterpret_cast<const float*>(&v[e]);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const uint4 o = make_uint4(S::pack2(f[0][q], f[1][q]), S::pack2(f[2][q], f[3][q]), S::pack2(f[4][q], f[5][q]),
+                                 S::pack2(f[6][q], f[7][q]));
+      *reinterpret_cast<uint4*>(dst + q * 16) = o;
+    }
+  }
+  constexpr int kTail = 2 * L::kChunks * kHaloH;
+  bool unused = false;
+  for (int i = ptid; i < kTail; i += 128) {
+    const int hh = i % kHaloH, r2 = i / kHaloH;
+    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
+    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
+    const bool valid = d < p.D && h < p.H && w < p.W;
+    const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
+    const uint4 v = load_chunk<M, true>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
     *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
   }
 }
@@ -198,12 +252,16 @@ __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigi
 // One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
 // [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127). Fenced for the
 // tensor cores' reads.
-template <Mode M, int KS>
+template <Mode M, int KS, bool CAST>
 __device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   if (p.x_rows16) {
-    stage_unit_rows<M, KS>(p, stage, u, ptid);
+    if constexpr (CAST) {
+      stage_unit_rows_cast<M, KS>(p, stage, u, ptid);
+    } else {
+      stage_unit_rows<M, KS>(p, stage, u, ptid);
+    }
   } else {
-    stage_unit_scalar<M, KS>(p, stage, u, ptid);
+    stage_unit_scalar<M, KS, CAST>(p, stage, u, ptid);
   }
   fence_proxy_async();
 }
