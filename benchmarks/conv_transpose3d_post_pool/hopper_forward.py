@@ -1,12 +1,17 @@
 """The fused convolution's sm_90a (wgmma) forward kernel against its mma.sync kernel, in one process: agreement,
 accuracy against float64 beside cuDNN's, and device time, per precision and form.
 
-    python benchmarks/conv_transpose3d_post_pool/hopper_forward.py [--batches 16,1] [--precisions tf32,bf16,fp16,mixed]
+    python benchmarks/conv_transpose3d_post_pool/hopper_forward.py [--batches 16,1] \
+        [--precisions tf32,bf16,fp16,mixed,autocast] [--once]
 
 Both kernels run through the operator (torch.ops.fused), switched by torch_fused_ops._C._conv_forward_kernel (2: the
 sm_90a kernel wherever it can run, 1: mma.sync; the operators' own choice, 0, takes the faster of the two by size). *agree*: the fraction of outputs bit-equal between the kernels (the
 summation order differs, so not all are); *rel L2*: against the float64 chain on the same (rounded) operands, cuDNN's
-own convolution in the same precision beside it. Device time: CUDA-graph replays, median.
+own convolution in the same precision beside it. Device time: CUDA-graph replays, median. *autocast*: the mixed form
+on float32 operands through fused._conv_transpose3d_post_pool_cast (what torch.autocast's kernel calls): the sm_90a
+kernel rounds them as it loads them, the mma.sync column casts them first (three cast kernels), inference only.
+--once: two inference calls of the sm_90a kernel per precision at the first batch and nothing else, for Nsight Compute
+(`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page).
 """
 from __future__ import annotations
 
@@ -27,7 +32,10 @@ def chain(y, m):
     return F.max_pool3d(F.leaky_relu(F.leaky_relu(y, SLOPE) * m, SLOPE), 2)
 
 
-def op(x, w, b, m, train):
+def op(x, w, b, m, train, cast_to=None):
+    if cast_to is not None:
+        return (torch.ops.fused._conv_transpose3d_post_pool_cast(x, w, b, cast_to, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1,
+                                                                  [1, 1, 1], m, SLOPE, [2, 2, 2]),)
     args = (x, w, b, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1, [1, 1, 1], m, SLOPE, [2, 2, 2])
     if train:
         return torch.ops.fused.conv_transpose3d_post_pool_with_offsets(*args)
@@ -38,27 +46,46 @@ def rel_l2(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def case(batch, precision, train):
-    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "mixed": torch.bfloat16}[precision]
+DTYPES = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "mixed": torch.bfloat16,
+          "autocast": torch.bfloat16}
+
+
+def inputs_cast(precision):
+    """The dtype the autocast row's op rounds its float32 operands to (None for the others)."""
+    return DTYPES[precision] if precision == "autocast" else None
+
+
+def case_inputs(batch, precision):
+    """x, w, b, m at the KernelBench size: in the precision's dtype (float32 for autocast), m float32 for the mixed
+    forms."""
+    dt = DTYPES[precision]
+    op_dt = torch.float32 if inputs_cast(precision) is not None else dt
     torch.manual_seed(0)
-    x = torch.randn(batch, KB["Cin"], KB["D"], KB["H"], KB["W"], device="cuda").to(dt)
-    w = (torch.randn(KB["Cin"], KB["Cout"], 3, 3, 3, device="cuda") / (KB["Cin"] * 27) ** 0.5).to(dt)
-    b = torch.randn(KB["Cout"], device="cuda").to(dt)
+    x = torch.randn(batch, KB["Cin"], KB["D"], KB["H"], KB["W"], device="cuda").to(op_dt)
+    w = (torch.randn(KB["Cin"], KB["Cout"], 3, 3, 3, device="cuda") / (KB["Cin"] * 27) ** 0.5).to(op_dt)
+    b = torch.randn(KB["Cout"], device="cuda").to(op_dt)
     m = torch.randn(KB["Cout"], 1, 1, 1, device="cuda")
-    m = m if precision == "mixed" else m.to(dt)
+    m = m if precision in ("mixed", "autocast") else m.to(dt)
+    return x, w, b, m
+
+
+def case(batch, precision, train):
+    cast_to = inputs_cast(precision)
+    x, w, b, m = case_inputs(batch, precision)
     outs = {}
     for name, choice in (("wgmma", 2), ("mma.sync", 1)):
         prev = _C._conv_forward_kernel(choice)
         try:
-            outs[name] = op(x, w, b, m, train)
-            us = graph_us(lambda: op(x, w, b, m, train))
+            outs[name] = op(x, w, b, m, train, cast_to)
+            us = graph_us(lambda: op(x, w, b, m, train, cast_to))
         finally:
             _C._conv_forward_kernel(prev)
         outs[name + "_us"] = us
+    if cast_to is not None:  # the reference and cuDNN on the rounded operands
+        x, w, b = (t.to(cast_to) for t in (x, w, b))
     y64 = F.conv_transpose3d(x.double(), w.double(), b.double(), stride=2, padding=1, output_padding=1)
     ref = chain(y64, m.double())
-    y_cudnn = F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1)
-    cudnn = chain(y_cudnn if precision != "mixed" else y_cudnn, m)
+    cudnn = chain(F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1), m)
     new, old = outs["wgmma"], outs["mma.sync"]
     agree = [(a == o).float().mean().item() for a, o in zip(new, old)]
     return dict(batch=batch, precision=precision, form="training" if train else "inference",
@@ -70,17 +97,27 @@ def case(batch, precision, train):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="16,1")
-    ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed")
+    ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed,autocast")
+    ap.add_argument("--once", action="store_true")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    if args.once:
+        batch = int(args.batches.split(",")[0])
+        _C._conv_forward_kernel(2)
+        for precision in args.precisions.split(","):
+            inputs = case_inputs(batch, precision)
+            for _ in range(2):
+                op(*inputs, False, inputs_cast(precision))
+        torch.cuda.synchronize()
+        return
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| batch | precision | form | wgmma us | mma.sync us | speed-up | bit-equal (out, sel, off) | rel L2 wgmma "
           "| mma.sync | cuDNN |")
     print("| ---: | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for batch in (int(v) for v in args.batches.split(",")):
         for precision in args.precisions.split(","):
-            for train in (False, True):
+            for train in (False,) if precision == "autocast" else (False, True):
                 r = case(batch, precision, train)
                 print(f"| {batch} | {precision} | {r['form']} | {r['wgmma_us']:.1f} | {r['mma_us']:.1f} | "
                       f"{r['mma_us'] / r['wgmma_us']:.2f} | {', '.join(f'{a:.4f}' for a in r['agree'])} | "

@@ -21,14 +21,91 @@ struct EpilogueArgs {
   bool exact;  // else the monotone form: the weights were staged negated for negative multipliers
 };
 
-// Accumulator register r (0..15) of a slot (geometry.cuh: slot j holds phase slot_phase(j)): column chunk r / 4 (8 channels), row half (r / 2) % 2 (rows g, g + 8
-// of the warp's 16), channel pair r % 2: channel 8 * (r / 4) + 2 * t + r % 2; rows are the tile's pooled rows
-// 2 * warp + half at column g.
+// LeakyReLU, x multiplier, LeakyReLU of a convolution value y (already rounded to the I/O dtype), as the mma.sync
+// kernel computes it; UNIT: both slopes in (0, 1] (p.unit_slopes), one max per LeakyReLU.
+template <Mode M, bool MIXED, bool UNIT>
+__device__ __forceinline__ float activate(const Params& p, float y, float m) {
+  using Out = OutputTraits<M, MIXED>;
+  if constexpr (UNIT) {
+    return leaky_unit_slope(Out::mid(leaky_unit_slope(y, p.s1)) * m, p.s2);
+  } else {
+    return Out::epilogue(y, m, p.s1, p.s2);
+  }
+}
+
+// Accumulator register r (0..15) of a slot (geometry.cuh: slot j holds phase slot_phase(j)): column chunk r / 4 (8
+// channels), row half (r / 2) % 2 (rows g, g + 8 of the warp's 16), channel pair r % 2: channel 8 * (r / 4) + 2 * t +
+// r % 2; rows are the tile's pooled rows 2 * warp + half at column g.
+__device__ __forceinline__ int acc_channel(int r, int t) { return 8 * (r >> 2) + 2 * t + (r & 1); }
+
+// The monotone form's 16 pooled values of the thread: the max over the phases first (the weights were staged negated
+// for negative multipliers), then one epilogue. No control flow inside, so the 16 chains interleave.
+template <Mode M, bool MIXED, bool UNIT>
+__device__ __forceinline__ void monotone_values(const Params& p, const float (&acc)[8][16], int t,
+                                                const EpilogueArgs& a, float (&best)[16]) {
+  using io_t = typename ModeTraits<M>::io_t;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int c = acc_channel(r, t);
+    const float m = a.mult[c], b = a.bias[c];
+    float v = acc[0][r];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) v = max_nan(v, acc[j][r]);
+    float y = (m < 0.f ? -v : v) + b;
+    if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
+    best[r] = activate<M, MIXED, UNIT>(p, y, m);
+  }
+}
+
+// The exact form: every phase's epilogue, then max_pool3d's selection in phase order (and in the training form the
+// selected value and its offset).
+template <Mode M, bool TRAIN, bool MIXED, bool UNIT>
+__device__ __forceinline__ void exact_values(const Params& p, const float (&acc)[8][16], int t, const EpilogueArgs& a,
+                                             float (&best)[16], float (&sel)[16], uint32_t (&off)[16]) {
+  using io_t = typename ModeTraits<M>::io_t;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int c = acc_channel(r, t);
+    const float m = a.mult[c], b = a.bias[c];
+    best[r] = 0.f;
+    sel[r] = 0.f;
+    off[r] = 0;
+#pragma unroll
+    for (int ph = 0; ph < 8; ++ph) {
+      float y = acc[phase_slot(ph)][r] + b;
+      if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
+      const float e = activate<M, MIXED, UNIT>(p, y, m);
+      // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
+      const bool take = ph == 0 || takes_max(e, best[r]);
+      best[r] = take ? e : best[r];
+      if constexpr (TRAIN) {
+        sel[r] = take ? y : sel[r];
+        off[r] = take ? static_cast<uint32_t>(ph) : off[r];
+      }
+    }
+  }
+}
+
+// One m64 tile's pooled outputs from its accumulators: the block-uniform form is chosen once per tile (not per
+// output), so that the 16 outputs' dependent chains have no branches between them and interleave; then the stores.
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
                                            int warp, int g, int t, const EpilogueArgs& a) {
   using io_t = typename ModeTraits<M>::io_t;
   using Out = OutputTraits<M, MIXED>;
+  float best[16], sel[16];
+  uint32_t off[16];
+  if (!TRAIN && !a.exact) {
+    if (p.unit_slopes) {
+      monotone_values<M, MIXED, true>(p, acc, t, a, best);
+    } else {
+      monotone_values<M, MIXED, false>(p, acc, t, a, best);
+    }
+  } else if (p.unit_slopes) {
+    exact_values<M, TRAIN, MIXED, true>(p, acc, t, a, best, sel, off);
+  } else {
+    exact_values<M, TRAIN, MIXED, false>(p, acc, t, a, best, sel, off);
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int qh = u.qh0 + 2 * warp + half, qw = u.qw0 + 8 * mt + g;
@@ -40,40 +117,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {
         const int r = r4 * 4 + half * 2 + pair;
-        const int c = 8 * r4 + 2 * t + pair;
-        const float m = a.mult[c], b = a.bias[c];
-        float best, sel = 0.f;
-        uint32_t off = 0;
-        if (!a.exact) {
-          float v = acc[0][r];
-#pragma unroll
-          for (int j = 1; j < 8; ++j) v = max_nan(v, acc[j][r]);
-          float y = (m < 0.f ? -v : v) + b;
-          if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-          best = Out::epilogue(y, m, p.s1, p.s2);
-        } else {
-          best = 0.f;
-#pragma unroll
-          for (int ph = 0; ph < 8; ++ph) {
-            float y = acc[phase_slot(ph)][r] + b;
-            if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-            const float e = p.unit_slopes ? leaky_unit_slope(Out::mid(leaky_unit_slope(y, p.s1)) * m, p.s2)
-                                          : Out::epilogue(y, m, p.s1, p.s2);
-            // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
-            const bool take = ph == 0 || takes_max(e, best);
-            best = take ? e : best;
-            if constexpr (TRAIN) {
-              sel = take ? y : sel;
-              off = take ? static_cast<uint32_t>(ph) : off;
-            }
-          }
-        }
+        const int c = acc_channel(r, t);
         if (inside && a.co0 + c < p.Cout) {
           const int64_t o = row + static_cast<int64_t>(a.co0 + c) * p.so[1];
-          Out::store(p, o, best);
+          Out::store(p, o, best[r]);
           if constexpr (TRAIN) {
-            static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel);
-            p.off[o] = static_cast<uint8_t>(off);
+            static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[r]);
+            p.off[o] = static_cast<uint8_t>(off[r]);
           }
         }
       }

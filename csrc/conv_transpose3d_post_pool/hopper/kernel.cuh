@@ -3,8 +3,9 @@
 //
 // Roles: warpgroup 0 produces (stages each unit's input into the stage ring, signalling `full`), warpgroups 1 and 2
 // consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
-// releasing the stage through `empty` as soon as the unit's last products are done). Blocks are persistent: block
-// b takes units b, b + gridDim.x, ... of its 32 output channels (blockIdx.y).
+// releasing the stage through `empty` as soon as the unit's last products are done). The consumers stage the block's
+// weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
+// of its 32 output channels (blockIdx.y).
 #pragma once
 
 #include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
@@ -99,9 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const bool any_breaks = __syncthreads_or(breaks_monotone);
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
   const bool exact = TRAIN || !(p.s1 > 0.f && p.s2 > 0.f) || any_breaks;
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact);
-  const bool fix_edges = __syncthreads_or(w_nonfinite);
 
+  // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
   const int wg = tid / 128;
   if (wg == 0) {
     release_registers<kProducerRegs>();
@@ -117,6 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
+  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact, tid - 128, 128 * kConsumers);
+  const bool fix_edges = consumers_sync_or(w_nonfinite);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;

@@ -55,34 +55,53 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
 // The block's B for output channels co0 .. co0 + 31: per run (geometry.cuh), [chunk][column][16 bytes], column
 // 32 * j + c holding, for channel co0 + c, the tap through which the run's shift feeds the phase of its j-th slot;
 // zero past Cin and Cout. `negate` (the monotone form) stores -w for channels with a negative multiplier, as the
-// mma.sync kernel does. Every thread takes part; returns whether this thread saw a non-finite weight. Fenced for
-// the tensor cores' reads.
+// mma.sync kernel does. Staged by `threads` threads (this one is `ttid`), each with the loads of kBatch chunks in
+// flight before any store (a chunk's elements lie Cout x 27 apart: scalar loads, one L2 round trip per batch);
+// returns whether this thread saw a non-finite weight. Fenced for the tensor cores' reads.
 template <Mode M, int KS, bool CAST>
-__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate) {
+__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate, int ttid,
+                              int threads) {
   using L = Layout<M, KS>;
+  constexpr int kItems = kCols * L::kChunks;
+  // Every chunk of a thread in one batch with the 256 consumer threads: 7 (16-bit, one k-step) or 14 (TF32, two).
+  constexpr int kBatch = (kItems + 255) / 256;
   bool nonfinite = false;
   const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
-  for (int i = threadIdx.x; i < kCols * L::kChunks; i += kThreads) {
-    int ri = 0;
+  for (int base = ttid; base < kItems; base += kBatch * threads) {
+    uint4 v[kBatch];
+    int cols[kBatch];
 #pragma unroll
-    for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
-    const Run r = run(ri);
-    const int local = i - run_col0(ri) * L::kChunks;
-    const int n = run_cols(ri);
-    const int chunk = local / n, col = local - chunk * n;
-    const int ph = slot_phase(r.slot0 + col / kCoBlock), c = col % kCoBlock, co = co0 + c;
-    const int s = r.shift;
-    const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
-    const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
-                       (tap % 3) * p.sw[4];
-    uint4 v = load_chunk<M, CAST>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, co < p.Cout, nonfinite);
-    if (negate && sMult[c] < 0.f) {
-      v.x ^= flip;
-      v.y ^= flip;
-      v.z ^= flip;
-      v.w ^= flip;
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * threads;
+      int ri = 0;
+#pragma unroll
+      for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
+      const Run r = run(ri);
+      const int local = i - run_col0(ri) * L::kChunks;
+      const int n = run_cols(ri);
+      const int chunk = local / n, col = local - chunk * n;
+      const int ph = slot_phase(r.slot0 + col / kCoBlock), c = col % kCoBlock, co = co0 + c;
+      const int s = r.shift;
+      const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
+      const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
+                         (tap % 3) * p.sw[4];
+      cols[b] = c;
+      v[b] = load_chunk<M, CAST>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, i < kItems && co < p.Cout,
+                                 nonfinite);
     }
-    *reinterpret_cast<uint4*>(sB + static_cast<size_t>(i) * 16) = v;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * threads;
+      if (i >= kItems) continue;
+      uint4 w = v[b];
+      if (negate && sMult[cols[b]] < 0.f) {
+        w.x ^= flip;
+        w.y ^= flip;
+        w.z ^= flip;
+        w.w ^= flip;
+      }
+      *reinterpret_cast<uint4*>(sB + static_cast<size_t>(i) * 16) = w;
+    }
   }
   fence_proxy_async();
   return nonfinite;

@@ -94,6 +94,18 @@ __device__ __forceinline__ void claim_registers() {
 #endif
 }
 
+// A barrier of the consumer warpgroups' 256 threads (named barrier 3) that also returns whether `pred` held for any
+// of them.
+__device__ __forceinline__ bool consumers_sync_or(bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, 3, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred))
+      : "memory");
+  return any != 0;
+}
+
 // A barrier of the 128 threads of one warpgroup (named barrier 1 + wg; 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
