@@ -77,9 +77,9 @@ int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(devi
 // three-product split), at most 16 input channels (its resident weights), and not switched off. Left to itself
 // (kAuto) only where it measured faster than the mma.sync kernel on an H200 (docs/performance.md,
 // benchmarks/conv_transpose3d_post_pool/hopper_forward.py): at least 4 units per multiprocessor (a unit is one pooled
-// plane of 8 x 32 positions: batch 16 at the KernelBench size has 7.75, batch 1 has 0.5 and ran 1.3-1.9x slower),
-// and not the mixed training form (its float32, 16-bit and byte stores ran 10 % slower).
-bool hopper_applies(Mode mode, bool mixed, bool train, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
+// plane of 8 x 32 positions: batch 16 at the KernelBench size has 7.75, batch 1 has 0.5 and ran 1.3-1.9x slower).
+// At batch 16 every form measured 1.3-1.7x faster, the mixed training form included.
+bool hopper_applies(Mode mode, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
                     int64_t Cout, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
@@ -89,11 +89,9 @@ bool hopper_applies(Mode mode, bool mixed, bool train, int64_t N, int64_t PD, in
   }
   if (choice == ConvForwardKernel::kWgmma) return true;
   const int64_t units = N * PD * ceil_div(PH, hopper::kTH) * ceil_div(PW, hopper::kTW) * ceil_div(Cout, hopper::kCoBlock);
-  return units >= 4 * static_cast<int64_t>(multiprocessor_count(device)) && !(mixed && train);
+  return units >= 4 * static_cast<int64_t>(multiprocessor_count(device));
 #else
   (void)mode;
-  (void)mixed;
-  (void)train;
   (void)N;
   (void)PD;
   (void)PH;
@@ -118,7 +116,7 @@ bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const
                                                      const at::Tensor& weight, std::array<int64_t, 3> output_padding) {
   using namespace conv_transpose3d_post_pool;
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  return hopper_applies(mode_of(dtype, true), /*mixed=*/true, /*train=*/false, input.size(0),
+  return hopper_applies(mode_of(dtype, true), input.size(0),
                         input.size(2) - 1 + output_padding[0], input.size(3) - 1 + output_padding[1],
                         input.size(4) - 1 + output_padding[2], input.size(1), weight.size(1), input.get_device());
 }
@@ -230,7 +228,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  const bool hopper = hopper_applies(mode, mixed, train, N, PD, PH, PW, Cin, Cout, device);
+  const bool hopper = hopper_applies(mode, N, PD, PH, PW, Cin, Cout, device);
   if (cast) {
     // Only where conv_transpose3d_post_pool_cuda_rounds_operands said so.
     TORCH_INTERNAL_ASSERT(hopper && mixed && !train);
