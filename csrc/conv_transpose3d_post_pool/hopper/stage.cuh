@@ -1,7 +1,8 @@
 // Staging of the sm_90a kernel's operands (kernel.cuh): the weights once per block by every thread, and each unit's
 // input planes by the producer warpgroup. Both go through registers: TF32 operands are rounded to nearest (ties
-// away, as cuDNN) on the way, which the tensor cores would otherwise truncate, and 16-bit channels of one position
-// are gathered into 16 bytes from their separate planes.
+// away, as cuDNN) on the way, which the tensor cores would otherwise truncate, float32 operands of a CAST
+// instantiation are rounded to its 16-bit dtype (cuda/source.cuh), and 16-bit channels of one position are gathered
+// into 16 bytes from their separate planes.
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/params.cuh"
