@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact, tid - 128, 128 * kConsumers);
+  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact, tid - 128);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;

@@ -56,24 +56,24 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
 // The block's B for output channels co0 .. co0 + 31: per run (geometry.cuh), [chunk][column][16 bytes], column
 // 32 * j + c holding, for channel co0 + c, the tap through which the run's shift feeds the phase of its j-th slot;
 // zero past Cin and Cout. `negate` (the monotone form) stores -w for channels with a negative multiplier, as the
-// mma.sync kernel does. Staged by `threads` threads (this one is `ttid`), each with the loads of kBatch chunks in
-// flight before any store (a chunk's elements lie Cout x 27 apart: scalar loads, one L2 round trip per batch);
-// returns whether this thread saw a non-finite weight. Fenced for the tensor cores' reads.
+// mma.sync kernel does. Staged by the consumer warpgroups (ctid: 0 .. kStagers - 1), each thread with the loads of
+// all its chunks in flight before any store (a chunk's elements lie Cout x 27 apart: scalar loads, so one L2 round
+// trip in all); returns whether this thread saw a non-finite weight. Fenced for the tensor cores' reads.
 template <Mode M, int KS, bool CAST>
-__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate, int ttid,
-                              int threads) {
+__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate, int ctid) {
   using L = Layout<M, KS>;
+  constexpr int kStagers = 128 * kConsumers;
   constexpr int kItems = kCols * L::kChunks;
-  // Every chunk of a thread in one batch with the 256 consumer threads: 7 (16-bit, one k-step) or 14 (TF32, two).
-  constexpr int kBatch = (kItems + 255) / 256;
+  // A thread's chunks: 7 (16-bit, one k-step) or 14 (TF32, two k-steps).
+  constexpr int kBatch = (kItems + kStagers - 1) / kStagers;
   bool nonfinite = false;
   const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
-  for (int base = ttid; base < kItems; base += kBatch * threads) {
+  for (int base = ctid; base < kItems; base += kBatch * kStagers) {
     uint4 v[kBatch];
     int cols[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * threads;
+      const int i = base + b * kStagers;
       int ri = 0;
 #pragma unroll
       for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
@@ -92,7 +92,7 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * threads;
+      const int i = base + b * kStagers;
       if (i >= kItems) continue;
       uint4 w = v[b];
       if (negate && sMult[cols[b]] < 0.f) {
@@ -135,6 +135,25 @@ __device__ void stage_unit_scalar(const Params& p, uint8_t* stage, const TileOri
       const int i = base + 128 * b;
       if (i < kItems) *reinterpret_cast<uint4*>(stage + static_cast<size_t>(i) * 16) = v[b];
     }
+  }
+}
+
+// The row stagings' last halo column (position kTW of each row, past the 16-byte blocks): one chunk per (plane,
+// chunk, row), by scalar loads.
+template <Mode M, int KS, bool CAST>
+__device__ __forceinline__ void stage_last_column(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
+  using L = Layout<M, KS>;
+  constexpr int kTail = 2 * L::kChunks * kHaloH;
+  const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
+  bool unused = false;
+  for (int i = ptid; i < kTail; i += 128) {
+    const int hh = i % kHaloH, r2 = i / kHaloH;
+    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
+    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
+    const bool valid = d < p.D && h < p.H && w < p.W;
+    const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
+    const uint4 v = load_chunk<M, CAST>(p.x, at, p.sx[1], chunk * L::kChunkElems, p.Cin, valid, unused);
+    *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
   }
 }
 
@@ -203,18 +222,7 @@ __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigi
       }
     }
   }
-  // The last column: one chunk per (plane, chunk, row).
-  constexpr int kTail = 2 * L::kChunks * kHaloH;
-  bool unused = false;
-  for (int i = ptid; i < kTail; i += 128) {
-    const int hh = i % kHaloH, r2 = i / kHaloH;
-    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
-    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
-    const bool valid = d < p.D && h < p.H && w < p.W;
-    const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
-    const uint4 v = load_chunk<M, false>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
-    *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
-  }
+  stage_last_column<M, KS, false>(p, stage, u, ptid);
 }
 
 // stage_unit_rows for float32 x rounded to the 16-bit mode (CAST), where x's w rows are 16-byte aligned with unit
@@ -256,17 +264,7 @@ __device__ void stage_unit_rows_cast(const Params& p, uint8_t* stage, const Tile
       *reinterpret_cast<uint4*>(dst + q * 16) = o;
     }
   }
-  constexpr int kTail = 2 * L::kChunks * kHaloH;
-  bool unused = false;
-  for (int i = ptid; i < kTail; i += 128) {
-    const int hh = i % kHaloH, r2 = i / kHaloH;
-    const int chunk = r2 % L::kChunks, plane = r2 / L::kChunks;
-    const int d = u.qd0 + plane, h = u.qh0 + hh, w = u.qw0 + kTW;
-    const bool valid = d < p.D && h < p.H && w < p.W;
-    const int64_t at = valid ? nbase + d * p.sx[2] + h * p.sx[3] + w : 0;
-    const uint4 v = load_chunk<M, true>(p.x, at, p.sx[1], chunk * E, p.Cin, valid, unused);
-    *reinterpret_cast<uint4*>(stage + (static_cast<size_t>(r2) * kSlice + hh * kHaloW + kTW) * 16) = v;
-  }
+  stage_last_column<M, KS, true>(p, stage, u, ptid);
 }
 
 // One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
