@@ -19,6 +19,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <tuple>
 
@@ -97,8 +98,9 @@ Outputs fused_cuda(bool with_offsets, const ConvTranspose3dPostPoolGeometry& g, 
 
 // _conv_transpose3d_post_pool_cast's fused path: float32 input, weight and bias rounded to `dtype` by the kernel, a
 // float32 multiplier of at least one dim (the mixed form: output float32), where the kernel takes that problem.
-// Returns an undefined tensor where it does not (the caller casts instead). The checks are the op's own on the
-// float32 operands: none of them depends on the operands' dtype once the multiplier's matches.
+// Returns an undefined tensor where it does not (the caller casts instead). The kernel's own rule (GPU, build, size)
+// goes first, so that where it says no the op's checks run once, in the call the caller makes. The checks are the
+// op's own on the float32 operands: none of them depends on the operands' dtype once the multiplier's matches.
 at::Tensor fused_cuda_rounding(const at::Tensor& input, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, at::ScalarType dtype, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef output_padding, int64_t groups,
@@ -111,13 +113,22 @@ at::Tensor fused_cuda_rounding(const at::Tensor& input, const at::Tensor& weight
       multiplier.scalar_type() != at::kFloat || multiplier.dim() == 0) {
     return at::Tensor();
   }
+  // output_padding as the fused kernel takes it (one value or three, each 0 or 1); anything else is the caller's.
+  if (input.dim() != 5 || weight.dim() != 5 || (output_padding.size() != 1 && output_padding.size() != 3)) {
+    return at::Tensor();
+  }
+  std::array<int64_t, 3> op3{};
+  for (size_t i = 0; i < 3; ++i) {
+    op3[i] = output_padding[output_padding.size() == 1 ? 0 : i];
+    if (op3[i] != 0 && op3[i] != 1) return at::Tensor();
+  }
+  if (!conv_transpose3d_post_pool_cuda_rounds_operands(dtype, input, weight, op3)) return at::Tensor();
   const ConvTranspose3dPostPoolGeometry g =
       check_conv_transpose3d_post_pool_args(kOp, input, weight, bias, stride, padding, output_padding, groups,
                                             dilation, multiplier, kernel_size, pool_stride, pool_padding,
                                             pool_dilation, ceil_mode);
   if (fused_kernel_unsupported_reason(input, weight, g) != nullptr ||
-      !conv_transpose3d_post_pool_cuda_fits(dtype, input.size(1), input.get_device()) ||
-      !conv_transpose3d_post_pool_cuda_rounds_operands(dtype, input, weight, g.output_padding)) {
+      !conv_transpose3d_post_pool_cuda_fits(dtype, input.size(1), input.get_device())) {
     return at::Tensor();
   }
   const c10::DeviceGuard guard(input.device());
