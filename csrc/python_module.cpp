@@ -185,6 +185,23 @@ PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
   return PyLong_FromLong(previous);
 }
 
+// _conv_hopper_ablation(bits): parts of the sm_90a kernel to leave out (ablation.h, ConvHopperAblation; its outputs
+// are then wrong), returning the previous bits; with None, only returns them. For benchmarks measuring where the
+// kernel's time goes.
+PyObject* conv_hopper_ablation_py(PyObject* /*self*/, PyObject* arg) {
+  const uint32_t previous = conv_hopper_ablation();
+  if (arg != Py_None) {
+    const long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return nullptr;
+    if (v < 0 || v > 7) {
+      PyErr_SetString(PyExc_ValueError, "_conv_hopper_ablation: bits 1 (epilogue), 2 (wgmma), 4 (staging)");
+      return nullptr;
+    }
+    conv_hopper_ablation() = static_cast<uint32_t>(v);
+  }
+  return PyLong_FromLong(static_cast<long>(previous));
+}
+
 PyObject* conv_wgmma_built(PyObject* /*self*/, PyObject* /*unused*/) {
   return PyBool_FromLong(conv_wgmma_kernel_built() ? 1 : 0);
 }
@@ -197,6 +214,9 @@ PyMethodDef kMethods[] = {
      "fused::post_pool from the wrapper's plain arguments, or None"},
     {"_conv_forward_kernel", &conv_forward_kernel, METH_O,
      "sets the fused convolution's forward kernel (0 auto, 1 mma.sync, 2 wgmma) and returns the previous choice"},
+    {"_conv_hopper_ablation", &conv_hopper_ablation_py, METH_O,
+     "leaves parts of the sm_90a kernel out (bits: 1 epilogue, 2 wgmma, 4 staging) for measurement; returns the "
+     "previous bits"},
     {"_conv_wgmma_built", &conv_wgmma_built, METH_NOARGS,
      "whether this build holds the fused convolution's sm_90a (wgmma) kernel"},
     {nullptr, nullptr, 0, nullptr}};

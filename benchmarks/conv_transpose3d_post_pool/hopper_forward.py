@@ -12,6 +12,9 @@ on float32 operands through fused._conv_transpose3d_post_pool_cast (what torch.a
 kernel rounds them as it loads them, the mma.sync column casts them first (three cast kernels), inference only.
 --once: two inference calls of the sm_90a kernel per precision at the first batch and nothing else, for Nsight Compute
 (`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page).
+--ablate: instead, the sm_90a kernel's device time with parts of it left out (torch_fused_ops._C._conv_hopper_ablation:
+its outputs are then wrong), per precision and form at the first batch: what each part costs on its own and what the
+kernel costs without it. A part whose removal saves little is hidden behind the others.
 """
 from __future__ import annotations
 
@@ -94,11 +97,41 @@ def case(batch, precision, train):
                 nan_new=int(new[0].isnan().sum()), finite_ref=bool(ref.isfinite().all()))
 
 
+# (name, bits): parts left out (csrc/conv_transpose3d_post_pool/ablation.h: 1 epilogue, 2 wgmma, 4 staging).
+ABLATIONS = (("whole kernel", 0), ("without the epilogue", 1), ("without the wgmma", 2), ("without the staging", 4),
+             ("wgmma only", 1 | 4), ("epilogue only", 2 | 4), ("staging only", 1 | 2), ("skeleton", 7))
+
+
+def ablate(batch, precisions):
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, batch {batch}: sm_90a kernel, device us "
+          "(CUDA-graph replays, median)")
+    print("| precision | form | " + " | ".join(name for name, _ in ABLATIONS) + " |")
+    print("| --- | --- |" + " ---: |" * len(ABLATIONS))
+    prev_kernel = _C._conv_forward_kernel(2)
+    try:
+        for precision in precisions:
+            cast_to = inputs_cast(precision)
+            x, w, b, m = case_inputs(batch, precision)
+            for train in (False,) if precision == "autocast" else (False, True):
+                row = []
+                for _, bits in ABLATIONS:
+                    prev = _C._conv_hopper_ablation(bits)
+                    try:
+                        row.append(graph_us(lambda: op(x, w, b, m, train, cast_to)))
+                    finally:
+                        _C._conv_hopper_ablation(prev)
+                print(f"| {precision} | {'training' if train else 'inference'} | "
+                      + " | ".join(f"{v:.1f}" for v in row) + " |", flush=True)
+    finally:
+        _C._conv_forward_kernel(prev_kernel)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="16,1")
     ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed,autocast")
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--ablate", action="store_true")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -111,6 +144,8 @@ def main():
                 op(*inputs, False, inputs_cast(precision))
         torch.cuda.synchronize()
         return
+    if args.ablate:
+        return ablate(int(args.batches.split(",")[0]), args.precisions.split(","))
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| batch | precision | form | wgmma us | mma.sync us | speed-up | bit-equal (out, sel, off) | rel L2 wgmma "
           "| mma.sync | cuDNN |")

@@ -3,6 +3,8 @@
 // (csrc/conv_transpose3d_post_pool/cuda/).
 #pragma once
 
+#include "conv_transpose3d_post_pool/ablation.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <array>
@@ -59,5 +61,6 @@ ConvForwardKernel& conv_forward_kernel_choice();
 
 // Whether this build holds the sm_90a kernel (TORCH_CUDA_ARCH_LIST named 9.0a).
 bool conv_wgmma_kernel_built();
+
 
 }  // namespace fused

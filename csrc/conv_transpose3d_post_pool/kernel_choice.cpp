@@ -8,6 +8,11 @@ ConvForwardKernel& conv_forward_kernel_choice() {
   return choice;
 }
 
+uint32_t& conv_hopper_ablation() {
+  static uint32_t bits = 0;
+  return bits;
+}
+
 bool conv_wgmma_kernel_built() {
 #if defined(WITH_CUDA) && defined(FUSED_SM90A)
   return true;

@@ -8,6 +8,7 @@
 // of its 32 output channels (blockIdx.y).
 #pragma once
 
+#include "conv_transpose3d_post_pool/ablation.h"
 #include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
 #include "conv_transpose3d_post_pool/hopper/stage.cuh"
 #include "conv_transpose3d_post_pool/hopper/wgmma_runs.cuh"
@@ -30,7 +31,7 @@ __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit)
 }
 
 // The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
-// stage's shared address; b: B's. The first instruction (run 0 feeds every slot) overwrites.
+// stage's shared address; b: B's. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
   using L = Layout<M, KS>;
@@ -39,11 +40,11 @@ __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage,
   const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
   const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
   wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
-                                 (R == 0 && ks == 0) ? 0 : 1);
+                                 (r.shift == 0 && ks == 0) ? 0 : 1);
 }
 
-// Run-major, k-steps inner: consecutive wgmma on the same accumulators chain in the tensor cores, while a switch to
-// another run's (overlapping, differently shaped) accumulators waits for the previous one (ptxas: C7511).
+// Run-major, k-steps inner (each phase sums shift by shift, k-steps inner, as the mma.sync kernel does). No wait
+// between the instructions: the runs' accumulator ranges nest or are disjoint (geometry.cuh).
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run_ksteps(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
 #pragma unroll
@@ -62,6 +63,13 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_run_ksteps<M, KS, 7>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 8>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 10>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 11>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 12>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 13>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 14>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 15>(acc, a_stage, b, mt);
+  static_assert(kRuns == 16, "one line per run above");
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
@@ -111,7 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
-      stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+      if (!(p.ablate & kAblateStaging)) {
+        stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+      }
       mbar_arrive(&full[stage]);
     }
     return;
@@ -143,16 +153,18 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      wgmma_fence();
-      tile_products<M, KS>(acc, a_stage, b_addr, mt);
-      wgmma_commit();
-      wgmma_wait_all();
+      if (!(p.ablate & kAblateMma)) {
+        wgmma_fence();
+        tile_products<M, KS>(acc, a_stage, b_addr, mt);
+        wgmma_commit();
+        wgmma_wait_all();
+      }
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
       if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
-      store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+      if (!(p.ablate & kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites

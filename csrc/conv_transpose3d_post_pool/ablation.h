@@ -1,0 +1,19 @@
+// Parts of the sm_90a forward kernel (hopper/kernel.cuh) to leave out, for measuring where its time goes
+// (benchmarks/conv_transpose3d_post_pool/hopper_forward.py --ablate, through torch_fused_ops._C._conv_hopper_ablation).
+// The kernel's outputs are then wrong: never set by the operators, whose value is 0.
+#pragma once
+
+#include <cstdint>
+
+namespace fused {
+
+enum ConvHopperAblation : uint32_t {
+  kAblateEpilogue = 1,  // consumers skip the epilogue and its stores
+  kAblateMma = 2,       // consumers skip the wgmma (the epilogue reads stale accumulators)
+  kAblateStaging = 4,   // the producer skips the input's loads and stores (the stages keep stale data)
+};
+
+// The bits the launcher copies into each launch's Params (kernel_choice.cpp).
+uint32_t& conv_hopper_ablation();
+
+}  // namespace fused
