@@ -84,3 +84,21 @@ def test_forward_kernel_switch():
     finally:
         _C._conv_forward_kernel(start)
     assert _C._conv_forward_kernel(None) == start
+
+
+def test_hopper_ablation_switch():
+    """The measurement switch that leaves parts of the sm_90a kernel out: off (0) unless a benchmark sets it, returns
+    the previous bits, None only reads them, anything outside 0..7 raises and changes nothing."""
+    from torch_fused_ops import _C
+
+    assert _C._conv_hopper_ablation(None) == 0
+    try:
+        assert _C._conv_hopper_ablation(5) == 0
+        assert _C._conv_hopper_ablation(None) == 5
+        for bad in (-1, 8):
+            with pytest.raises(ValueError, match="epilogue"):
+                _C._conv_hopper_ablation(bad)
+        assert _C._conv_hopper_ablation(None) == 5
+    finally:
+        _C._conv_hopper_ablation(0)
+    assert _C._conv_hopper_ablation(None) == 0

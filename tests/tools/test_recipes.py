@@ -68,7 +68,7 @@ def _check_graph_breaks(recipe):
     caused by our ops anywhere (compiled autograd's whole-step function breaks where PyTorch does: at
     Optimizer.zero_grad, at Tensor.backward() and inside the optimizer's step)."""
     reasons = dict(counters["graph_break"])
-    if recipe in ("compile", "cuda-graph"):
+    if recipe in ("compile", "cuda-graph", "graphed"):
         assert not reasons, reasons
     assert not [r for r in reasons if "fused" in r], reasons
 
@@ -96,8 +96,9 @@ def _uncaptured(recipe, device):
     default compile mode)."""
     with _fresh():
         model, x, target = _setup(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=True)
-        if recipe == "cuda-graph":
+        opt = torch.optim.AdamW(model.parameters(), lr=recipes.LR, capturable=recipe != "graphed",
+                                fused=recipe == "graphed")
+        if recipe in ("cuda-graph", "graphed"):
             compiled = torch.compile(model)
             loss_of, opt_step = (lambda: F.mse_loss(compiled(x), target)), opt.step
         else:  # reduce-overhead: the loss compiled with the model, the optimizer step compiled
@@ -114,7 +115,7 @@ def _uncaptured(recipe, device):
 @pytest.mark.parametrize("recipe,device", _cases(recipes.TRAINING))
 def test_training_recipe(recipe, device):
     got = _train(recipe, device)
-    if recipe in ("cuda-graph", "reduce-overhead", "reduce-overhead+static"):
+    if recipe in ("cuda-graph", "graphed", "reduce-overhead", "reduce-overhead+static"):
         for g, w in zip(got, _uncaptured(recipe, device)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
     else:
