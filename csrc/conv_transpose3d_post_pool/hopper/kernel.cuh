@@ -3,11 +3,9 @@
 //
 // Roles: warpgroup 0 produces (stages each unit's input into the stage ring, signalling `full`), warpgroups 1 and 2
 // consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
-// releasing the stage through `empty` as soon as the unit's last products are done). The consumers take turns at
-// the tensor cores, tile by tile (turn_wait / turn_pass), so that one's epilogue runs while the other's products
-// do: left to themselves they fall into step, both multiplying, then both in their epilogues (measured: the kernel's
-// time was the sum of its parts). The consumers stage the block's weights while the producer stages its first
-// units. Blocks are persistent: block b takes units b, b + gridDim.x, ... of its 32 output channels (blockIdx.y).
+// releasing the stage through `empty` as soon as the unit's last products are done). The consumers stage the block's
+// weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
+// of its 32 output channels (blockIdx.y).
 #pragma once
 
 #include "conv_transpose3d_post_pool/ablation.h"
@@ -86,7 +84,6 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   float* const sBias = sMult + kCoBlock;
   uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
   uint64_t* const empty = full + L::kStages;
-  int* const tap_table = reinterpret_cast<int*>(empty + L::kStages);
 
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
@@ -130,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact, tid - 128);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
@@ -143,12 +140,6 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
-  // Tiles of each consumer (the first takes the odd unit out), for the turns: consumer 0 goes first and waits for
-  // consumer 1 only while consumer 1 has a tile left; consumer 1 always has its turn after consumer 0's tile.
-  // (32-bit: the launcher keeps a block's units far below 2^29.)
-  const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
-  int j = 0;  // this consumer's tiles so far
   for (int64_t k = c;; k += kConsumers) {
     const int64_t unit = blockIdx.x + k * gridDim.x;
     if (unit >= p.n_tiles) break;
@@ -162,15 +153,12 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
       if (!(p.ablate & kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
+        wgmma_wait_all();
       }
-      if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
-      ++j;
-      if (!(p.ablate & kAblateMma)) wgmma_wait_all();
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll

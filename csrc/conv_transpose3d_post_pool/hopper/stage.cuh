@@ -53,91 +53,55 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Where tap `tap` (kd * 9 + kh * 3 + kw) of every channel lies in B (geometry.cuh): per dim, tap 1 feeds phase 0
-// from shift 0, tap 2 phase 1 from shift 0, tap 0 phase 1 from shift 1; the (shift, phase) pair is one slot of one
-// run. Returns the byte offset of the tap's column for channel 0 in chunk 0; `chunk_stride` the bytes between its
-// chunks (the run's columns x 16).
-template <Mode M, int KS>
-__device__ __forceinline__ int tap_offset(int tap, int& chunk_stride) {
-  using L = Layout<M, KS>;
-  const int k[3] = {tap / 9, (tap / 3) % 3, tap % 3};
-  int ph = 0, s = 0;
-#pragma unroll
-  for (int d = 0; d < 3; ++d) {
-    ph = 2 * ph + (k[d] != 1);
-    s = 2 * s + (k[d] == 0);
-  }
-  const int slot = phase_slot(ph);
-  int offset = 0;
-  chunk_stride = 0;
-#pragma unroll
-  for (int i = 0; i < kRuns; ++i) {
-    const Run r = run(i);
-    if (r.shift == s && slot >= r.slot0 && slot < r.slot0 + r.slots) {
-      offset = (run_col0(i) * L::kChunks + (slot - r.slot0) * kCoBlock) * 16;
-      chunk_stride = run_cols(i) * 16;
-    }
-  }
-  return offset;
-}
-
 // The block's B for output channels co0 .. co0 + 31: per run (geometry.cuh), [chunk][column][16 bytes], column
 // 32 * j + c holding, for channel co0 + c, the tap through which the run's shift feeds the phase of its j-th slot;
 // zero past Cin and Cout. `negate` (the monotone form) stores -w for channels with a negative multiplier, as the
-// mma.sync kernel does. Staged by the consumer warpgroups (ctid: 0 .. 255): B zeroed and a per-tap table of B offsets
-// built, then the block's weight elements read in (ci, channel, tap) order — consecutive addresses for a contiguous
-// weight, so each L2 sector is read once (a chunk-at-a-time gather read each 32-byte sector for one 4-byte element)
-// — and each stored at its place in B. Returns whether this thread saw a non-finite weight. Fenced for the tensor
-// cores' reads. tap_table: L::kTapTableBytes of shared memory.
+// mma.sync kernel does. Staged by the consumer warpgroups (ctid: 0 .. kStagers - 1), each thread with the loads of
+// all its chunks in flight before any store (a chunk's elements lie Cout x 27 apart: scalar loads, so one L2 round
+// trip in all); returns whether this thread saw a non-finite weight. Fenced for the tensor cores' reads.
 template <Mode M, int KS, bool CAST>
-__device__ bool stage_weights(const Params& p, uint8_t* sB, int* tap_table, int co0, const float* sMult, bool negate,
-                              int ctid) {
+__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate, int ctid) {
   using L = Layout<M, KS>;
   constexpr int kStagers = 128 * kConsumers;
-  constexpr int kElemBytes = ModeTraits<M>::kHalf ? 2 : 4;
-  constexpr int kBatch = 8;
-  for (int i = ctid; i < L::kBBytes / 16; i += kStagers) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
-  if (ctid < 27) {
-    int stride;
-    tap_table[2 * ctid] = tap_offset<M, KS>(ctid, stride);
-    tap_table[2 * ctid + 1] = stride;
-  }
-  consumers_sync();
+  constexpr int kItems = kCols * L::kChunks;
+  // A thread's chunks: 7 (16-bit, one k-step) or 14 (TF32, two k-steps).
+  constexpr int kBatch = (kItems + kStagers - 1) / kStagers;
   bool nonfinite = false;
-  const uint32_t flip = ModeTraits<M>::kHalf ? 0x8000u : 0x80000000u;
-  const int n = p.Cin * kCoBlock * 27;
-  for (int base = ctid; base < n; base += kBatch * kStagers) {
-    uint32_t v[kBatch];
+  const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+  for (int base = ctid; base < kItems; base += kBatch * kStagers) {
+    uint4 v[kBatch];
+    int cols[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int e = base + b * kStagers;
-      const int tap = e % 27, r = e / 27;
-      const int c = r % kCoBlock, ci = r / kCoBlock;
-      const int64_t at = static_cast<int64_t>(ci) * p.sw[0] + static_cast<int64_t>(co0 + c) * p.sw[1] +
-                         (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] + (tap % 3) * p.sw[4];
-      v[b] = e < n && co0 + c < p.Cout ? staged_bits<M, CAST>(p.w, at) : 0u;
+      const int i = base + b * kStagers;
+      int ri = 0;
+#pragma unroll
+      for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
+      const Run r = run(ri);
+      const int local = i - run_col0(ri) * L::kChunks;
+      const int n = run_cols(ri);
+      const int chunk = local / n, col = local - chunk * n;
+      const int ph = slot_phase(r.slot0 + col / kCoBlock), c = col % kCoBlock, co = co0 + c;
+      const int s = r.shift;
+      const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
+      const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
+                         (tap % 3) * p.sw[4];
+      cols[b] = c;
+      v[b] = load_chunk<M, CAST>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin, i < kItems && co < p.Cout,
+                                 nonfinite);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int e = base + b * kStagers;
-      if (e >= n) continue;
-      const int tap = e % 27, r = e / 27;
-      const int c = r % kCoBlock, ci = r / kCoBlock;
-      if (co0 + c >= p.Cout || ci >= L::kChunks * L::kChunkElems) continue;
-      uint32_t bits = v[b];
-      if constexpr (ModeTraits<M>::kHalf) {
-        nonfinite |= !finite_bits16(bits, M == Mode::kBF16);
-      } else {
-        nonfinite |= !(fabsf(__uint_as_float(bits)) < __int_as_float(0x7f800000));
+      const int i = base + b * kStagers;
+      if (i >= kItems) continue;
+      uint4 w = v[b];
+      if (negate && sMult[cols[b]] < 0.f) {
+        w.x ^= flip;
+        w.y ^= flip;
+        w.z ^= flip;
+        w.w ^= flip;
       }
-      if (negate && sMult[c] < 0.f) bits ^= flip;
-      uint8_t* dst = sB + tap_table[2 * tap] + (ci / L::kChunkElems) * tap_table[2 * tap + 1] + c * 16 +
-                     (ci % L::kChunkElems) * kElemBytes;
-      if constexpr (ModeTraits<M>::kHalf) {
-        *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(bits);
-      } else {
-        *reinterpret_cast<uint32_t*>(dst) = bits;
-      }
+      *reinterpret_cast<uint4*>(sB + static_cast<size_t>(i) * 16) = w;
     }
   }
   fence_proxy_async();
