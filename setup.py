@@ -5,6 +5,8 @@ Environment:
   TORCH_CUDA_ARCH_LIST      architectures to build for (default "8.0;9.0a"; 9.0a adds the Hopper kernel's
                             wgmma machine code, which runs on compute capability 9.0 only, and the sm_90 code)
   TORCH_FUSED_OPS_NO_CUDA=1 build the CPU kernels only
+  TORCH_FUSED_OPS_HOPPER_ABLATION=1  a measurement build: the sm_90a kernel can leave parts out
+                            (torch_fused_ops._C._conv_hopper_ablation; never for use)
   CUDA_HOME                 toolkit root; found from the real nvcc when unset
 """
 import glob
@@ -59,6 +61,11 @@ if want_cuda:
     if any(a.strip().lower().startswith("9.0a") for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(",", ";").split(";")):
         ext_kwargs["extra_compile_args"]["nvcc"].append("-DFUSED_SM90A")
         ext_kwargs["extra_compile_args"]["cxx"].append("-DFUSED_SM90A")
+    # The ablation switch's branches cost the sm_90a kernel registers (spills in its training forms): a separate
+    # measurement build holds them (benchmarks/conv_transpose3d_post_pool/hopper_forward.py --ablate).
+    if os.environ.get("TORCH_FUSED_OPS_HOPPER_ABLATION", "0") == "1":
+        ext_kwargs["extra_compile_args"]["nvcc"].append("-DFUSED_HOPPER_ABLATION")
+        ext_kwargs["extra_compile_args"]["cxx"].append("-DFUSED_HOPPER_ABLATION")
     ext = cpp_extension.CUDAExtension("torch_fused_ops._C", sources, **ext_kwargs)
 else:
     ext = cpp_extension.CppExtension("torch_fused_ops._C", sources, **ext_kwargs)

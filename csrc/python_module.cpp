@@ -197,6 +197,12 @@ PyObject* conv_hopper_ablation_py(PyObject* /*self*/, PyObject* arg) {
       PyErr_SetString(PyExc_ValueError, "_conv_hopper_ablation: bits 1 (epilogue), 2 (wgmma), 4 (staging)");
       return nullptr;
     }
+    if (v != 0 && !kHopperAblationBuilt) {
+      PyErr_SetString(PyExc_RuntimeError,
+                      "_conv_hopper_ablation: this build's kernel has no ablation branches; rebuild with "
+                      "TORCH_FUSED_OPS_HOPPER_ABLATION=1 to measure");
+      return nullptr;
+    }
     conv_hopper_ablation() = static_cast<uint32_t>(v);
   }
   return PyLong_FromLong(static_cast<long>(previous));

@@ -49,6 +49,9 @@ build_time_variables: dict[str, Variable] = {
     "TORCH_FUSED_OPS_NO_CUDA": Variable("unset", "``1`` builds the CPU kernels only, even with a CUDA build of torch."),
     "TORCH_FUSED_OPS_NO_OPENMP": Variable(
         "unset", "``1`` builds the CPU kernels without OpenMP (they then run on one thread)."),
+    "TORCH_FUSED_OPS_HOPPER_ABLATION": Variable(
+        "unset", "``1`` makes a measurement build whose sm_90a convolution kernel can leave its parts out "
+                 "(``torch_fused_ops._C._conv_hopper_ablation``; its outputs are then wrong). Not for use."),
     "CUDA_HOME": Variable("found from the real ``nvcc``",
                           "The CUDA toolkit to build with; without it setup.py follows the ``nvcc`` on PATH, also "
                           "through a wrapper script (torch_fused_ops/tools/harness.py)."),

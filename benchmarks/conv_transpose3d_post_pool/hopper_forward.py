@@ -14,7 +14,9 @@ kernel rounds them as it loads them, the mma.sync column casts them first (three
 (`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page).
 --ablate: instead, the sm_90a kernel's device time with parts of it left out (torch_fused_ops._C._conv_hopper_ablation:
 its outputs are then wrong), per precision and form at the first batch: what each part costs on its own and what the
-kernel costs without it. A part whose removal saves little is hidden behind the others.
+kernel costs without it. A part whose removal saves little is hidden behind the others. Needs a measurement build,
+`TORCH_FUSED_OPS_HOPPER_ABLATION=1 python3 -m pip install --no-build-isolation --no-deps -e .` (the branches cost the
+product kernel registers, so it has none).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 // Parts of the sm_90a forward kernel (hopper/kernel.cuh) to leave out, for measuring where its time goes
 // (benchmarks/conv_transpose3d_post_pool/hopper_forward.py --ablate, through torch_fused_ops._C._conv_hopper_ablation).
-// The kernel's outputs are then wrong: never set by the operators, whose value is 0.
+// The kernel's outputs are then wrong: never set by the operators, whose value is 0. Only a measurement build
+// (TORCH_FUSED_OPS_HOPPER_ABLATION=1, defining FUSED_HOPPER_ABLATION) compiles the kernel's branches: they cost it
+// registers.
 #pragma once
 
 #include <cstdint>
@@ -15,5 +17,13 @@ enum ConvHopperAblation : uint32_t {
 
 // The bits the launcher copies into each launch's Params (kernel_choice.cpp).
 uint32_t& conv_hopper_ablation();
+
+// Whether this build's kernel reads them.
+constexpr bool kHopperAblationBuilt =
+#if defined(FUSED_HOPPER_ABLATION)
+    true;
+#else
+    false;
+#endif
 
 }  // namespace fused

@@ -87,18 +87,23 @@ def test_forward_kernel_switch():
 
 
 def test_hopper_ablation_switch():
-    """The measurement switch that leaves parts of the sm_90a kernel out: off (0) unless a benchmark sets it, returns
-    the previous bits, None only reads them, anything outside 0..7 raises and changes nothing."""
+    """The measurement switch that leaves parts of the sm_90a kernel out: off (0) unless a benchmark sets it, anything
+    outside 0..7 raises ValueError and changes nothing; a product build (no TORCH_FUSED_OPS_HOPPER_ABLATION) refuses
+    any part, saying how to make a measurement build; a measurement build returns the previous bits, None only
+    reads them."""
     from torch_fused_ops import _C
 
     assert _C._conv_hopper_ablation(None) == 0
+    for bad in (-1, 8):
+        with pytest.raises(ValueError, match="epilogue"):
+            _C._conv_hopper_ablation(bad)
+    assert _C._conv_hopper_ablation(0) == 0
     try:
-        assert _C._conv_hopper_ablation(5) == 0
-        assert _C._conv_hopper_ablation(None) == 5
-        for bad in (-1, 8):
-            with pytest.raises(ValueError, match="epilogue"):
-                _C._conv_hopper_ablation(bad)
-        assert _C._conv_hopper_ablation(None) == 5
+        previous = _C._conv_hopper_ablation(5)
+    except RuntimeError as e:  # a product build
+        assert "TORCH_FUSED_OPS_HOPPER_ABLATION=1" in str(e)
+    else:
+        assert previous == 0 and _C._conv_hopper_ablation(None) == 5
     finally:
         _C._conv_hopper_ablation(0)
     assert _C._conv_hopper_ablation(None) == 0

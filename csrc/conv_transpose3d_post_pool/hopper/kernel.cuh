@@ -26,12 +26,23 @@ namespace hopper {
 constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 
+// Whether a measurement build leaves `part` out (ablation.h); false, at compile time, in every other build.
+__device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
+  if constexpr (kHopperAblationBuilt) {
+    return (p.ablate & part) != 0;
+  } else {
+    (void)p;
+    (void)part;
+    return false;
+  }
+}
+
 __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit) {
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
 }
 
 // The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
-// stage's shared address; b: B's. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
+// stage's shared address; b: B's. The first instruction (run 0 feeds every slot) overwrites.
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
   using L = Layout<M, KS>;
@@ -40,11 +51,13 @@ __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage,
   const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
   const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
   wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
-                                 (r.shift == 0 && ks == 0) ? 0 : 1);
+                                 (R == 0 && ks == 0) ? 0 : 1);
 }
 
-// Run-major, k-steps inner (each phase sums shift by shift, k-steps inner, as the mma.sync kernel does). No wait
-// between the instructions: the runs' accumulator ranges nest or are disjoint (geometry.cuh).
+// Run-major, k-steps inner: consecutive wgmma on the same accumulators chain in the tensor cores, while a switch to
+// another run's (overlapping, differently shaped) accumulators waits for the previous one (ptxas: C7511). Measured
+// against runs cut so that none waits (three chain segments 7 3 1 0 | 6 2 | 5 4, 16 runs per k-step): no faster in
+// the inference forms, slower in the training forms, whose wgmma ptxas serialised anyway (docs/performance.md).
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run_ksteps(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
 #pragma unroll
@@ -63,13 +76,6 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_run_ksteps<M, KS, 7>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 8>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 10>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 11>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 12>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 13>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 14>(acc, a_stage, b, mt);
-  issue_run_ksteps<M, KS, 15>(acc, a_stage, b, mt);
-  static_assert(kRuns == 16, "one line per run above");
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
-      if (!(p.ablate & kAblateStaging)) {
+      if (!ablated(p, kAblateStaging)) {
         stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
       }
       mbar_arrive(&full[stage]);
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (!(p.ablate & kAblateMma)) {
+      if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
@@ -164,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
       if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
-      if (!(p.ablate & kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
