@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   float* const sBias = sMult + kCoBlock;
   uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
   uint64_t* const empty = full + L::kStages;
+  int* const tap_table = reinterpret_cast<int*>(empty + L::kStages);
 
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, co0, sMult, !exact, tid - 128);
+  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;

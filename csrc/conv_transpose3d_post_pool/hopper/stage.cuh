@@ -60,7 +60,8 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
 // all its chunks in flight before any store (a chunk's elements lie Cout x 27 apart: scalar loads, so one L2 round
 // trip in all); returns whether this thread saw a non-finite weight. Fenced for the tensor cores' reads.
 template <Mode M, int KS, bool CAST>
-__device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate, int ctid) {
+__device__ bool stage_weights_gather(const Params& p, uint8_t* sB, int co0, const float* sMult, bool negate,
+                                     int ctid) {
   using L = Layout<M, KS>;
   constexpr int kStagers = 128 * kConsumers;
   constexpr int kItems = kCols * L::kChunks;
@@ -106,6 +107,90 @@ __device__ bool stage_weights(const Params& p, uint8_t* sB, int co0, const float
   }
   fence_proxy_async();
   return nonfinite;
+}
+
+// Where tap `tap` (kd * 9 + kh * 3 + kw) of every channel lies in B: per dim, tap 1 feeds phase 0 from shift 0,
+// tap 2 phase 1 from shift 0, tap 0 phase 1 from shift 1; the (shift, phase) pair is one slot of one run. Returns
+// the byte offset of the tap's column for channel 0 in chunk 0; `chunk_stride`: the bytes between its chunks.
+template <Mode M, int KS>
+__device__ __forceinline__ int tap_offset(int tap, int& chunk_stride) {
+  using L = Layout<M, KS>;
+  const int kd = tap / 9, kh = (tap / 3) % 3, kw = tap % 3;
+  const int ph = ((kd != 1) << 2) | ((kh != 1) << 1) | (kw != 1);
+  const int s = ((kd == 0) << 2) | ((kh == 0) << 1) | (kw == 0);
+  const int slot = phase_slot(ph);
+  int offset = 0;
+  chunk_stride = 0;
+#pragma unroll
+  for (int i = 0; i < kRuns; ++i) {
+    const Run r = run(i);
+    if (r.shift == s && slot >= r.slot0 && slot < r.slot0 + r.slots) {
+      offset = (run_col0(i) * L::kChunks + (slot - r.slot0) * kCoBlock) * 16;
+      chunk_stride = run_cols(i) * 16;
+    }
+  }
+  return offset;
+}
+
+// The TF32 form of stage_weights: the block's weights read in address order and each element stored at its place in
+// B through a per-tap table of B offsets (tap_table: 27 x 2 ints of shared memory), B zeroed first. A thread takes
+// (channel, tap) pairs r = ctid, ctid + 256, ... of the block's 32 x 27 and loads that pair for every input channel
+// at once: for a fixed input channel consecutive threads read consecutive floats of a contiguous weight, so each
+// L2 sector is read once, and the pair's B place is computed once. The chunk-at-a-time gather
+// (stage_weights_gather) reads one 32-byte sector per 4-byte element, the 8 taps of a sector for 8 different chunks
+// at different times; beside TF32's 208 KB of shared memory the L1 keeps ~47 KB, less than the 55 KB of weights, so
+// those sectors come from L2 again and again (the kernel's fixed cost measured 24.9 us in TF32 against 13.3 in bf16,
+// whose 28 KB of weights stay in L1).
+template <int KS>
+__device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table, int co0, const float* sMult,
+                                   bool negate, int ctid) {
+  using L = Layout<Mode::kTF32, KS>;
+  constexpr int kStagers = 128 * kConsumers;
+  constexpr int kCapacity = L::kChunks * 4;  // input channels B holds (the launcher keeps Cin within it)
+  // Zero for the channels past Cout (the real channels' places are all written below).
+  for (int i = ctid; i < L::kBBytes / 16; i += kStagers) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
+  if (ctid < 27) {
+    int stride;
+    tap_table[2 * ctid] = tap_offset<Mode::kTF32, KS>(ctid, stride);
+    tap_table[2 * ctid + 1] = stride;
+  }
+  consumers_sync();
+  const float* w = static_cast<const float*>(p.w);
+  const int real = (p.Cout - co0 < kCoBlock ? p.Cout - co0 : kCoBlock) * 27;  // pairs of real channels
+  bool nonfinite = false;
+  for (int r = ctid; r < real; r += kStagers) {
+    const int c = r / 27, tap = r - c * 27;
+    const int64_t at = static_cast<int64_t>(co0 + c) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
+                       (tap % 3) * p.sw[4];
+    uint32_t v[kCapacity];
+#pragma unroll
+    for (int ci = 0; ci < kCapacity; ++ci) v[ci] = ci < p.Cin ? tf32_round(__ldg(w + at + ci * p.sw[0])) : 0u;
+    const uint32_t flip = negate && sMult[c] < 0.f ? 0x80000000u : 0u;
+    uint8_t* const dst = sB + tap_table[2 * tap] + c * 16;
+    const int stride = tap_table[2 * tap + 1];
+    // Every input channel B holds, those past Cin too (their zero negated with the rest: B then holds exactly what
+    // the gather stores, bit for bit, -0 included).
+#pragma unroll
+    for (int ci = 0; ci < kCapacity; ++ci) {
+      nonfinite |= !(fabsf(__uint_as_float(v[ci])) < __int_as_float(0x7f800000));
+      *reinterpret_cast<uint32_t*>(dst + (ci >> 2) * stride + (ci & 3) * 4) = v[ci] ^ flip;
+    }
+  }
+  fence_proxy_async();
+  return nonfinite;
+}
+
+// The block's B (stage_weights_gather's layout) staged by the consumer warpgroups (ctid 0 .. 255): TF32 in address
+// order, 16-bit by the gather (their weights stay in L1). Returns whether this thread saw a non-finite weight.
+template <Mode M, int KS, bool CAST>
+__device__ bool stage_weights(const Params& p, uint8_t* sB, int* tap_table, int co0, const float* sMult, bool negate,
+                              int ctid) {
+  if constexpr (M == Mode::kTF32) {
+    return stage_weights_tf32<KS>(p, sB, tap_table, co0, sMult, negate, ctid);
+  } else {
+    (void)tap_table;
+    return stage_weights_gather<M, KS, CAST>(p, sB, co0, sMult, negate, ctid);
+  }
 }
 
 // Scalar staging of one unit (any strides and alignment): items (plane, chunk, position), kBatch chunks' loads

@@ -106,6 +106,9 @@ __device__ __forceinline__ bool consumers_sync_or(bool pred) {
   return any != 0;
 }
 
+// A barrier of the consumer warpgroups' 256 threads (named barrier 3).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
+
 // A barrier of the 128 threads of one warpgroup (named barrier 1 + wg; 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
