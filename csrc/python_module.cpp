@@ -168,20 +168,28 @@ PyObject* post_pool(PyObject* /*module*/, PyObject* const* args, Py_ssize_t narg
   END_HANDLE_TH_ERRORS
 }
 
+// The value of a development switch's argument: false (a Python error set) unless it is an int in [0, max]; `value`
+// stays -1 for None (only read the switch).
+bool switch_value(PyObject* arg, long max, const char* range_error, long& value) {
+  value = -1;
+  if (arg == Py_None) return true;
+  value = PyLong_AsLong(arg);
+  if (value == -1 && PyErr_Occurred()) return false;
+  if (value < 0 || value > max) {
+    PyErr_SetString(PyExc_ValueError, range_error);
+    return false;
+  }
+  return true;
+}
+
 // _conv_forward_kernel(choice): sets the fused convolution's forward kernel switch (contract.h: 0 auto, 1 the mma.sync
 // kernel, 2 the sm_90a kernel wherever it can run) and returns the previous value; with None, only returns it. For
 // tests and benchmarks.
 PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
   const int previous = static_cast<int>(conv_forward_kernel_choice());
-  if (arg != Py_None) {
-    const long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return nullptr;
-    if (v < 0 || v > 2) {
-      PyErr_SetString(PyExc_ValueError, "_conv_forward_kernel: 0 (auto), 1 (mma.sync) or 2 (sm_90a wgmma)");
-      return nullptr;
-    }
-    conv_forward_kernel_choice() = static_cast<ConvForwardKernel>(v);
-  }
+  long v;
+  if (!switch_value(arg, 2, "_conv_forward_kernel: 0 (auto), 1 (mma.sync) or 2 (sm_90a wgmma)", v)) return nullptr;
+  if (v >= 0) conv_forward_kernel_choice() = static_cast<ConvForwardKernel>(v);
   return PyLong_FromLong(previous);
 }
 
@@ -190,21 +198,15 @@ PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
 // kernel's time goes.
 PyObject* conv_hopper_ablation_py(PyObject* /*self*/, PyObject* arg) {
   const uint32_t previous = conv_hopper_ablation();
-  if (arg != Py_None) {
-    const long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return nullptr;
-    if (v < 0 || v > 7) {
-      PyErr_SetString(PyExc_ValueError, "_conv_hopper_ablation: bits 1 (epilogue), 2 (wgmma), 4 (staging)");
-      return nullptr;
-    }
-    if (v != 0 && !kHopperAblationBuilt) {
-      PyErr_SetString(PyExc_RuntimeError,
-                      "_conv_hopper_ablation: this build's kernel has no ablation branches; rebuild with "
-                      "TORCH_FUSED_OPS_HOPPER_ABLATION=1 to measure");
-      return nullptr;
-    }
-    conv_hopper_ablation() = static_cast<uint32_t>(v);
+  long v;
+  if (!switch_value(arg, 7, "_conv_hopper_ablation: bits 1 (epilogue), 2 (wgmma), 4 (staging)", v)) return nullptr;
+  if (v > 0 && !kHopperAblationBuilt) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "_conv_hopper_ablation: this build's kernel has no ablation branches; rebuild with "
+                    "TORCH_FUSED_OPS_HOPPER_ABLATION=1 to measure");
+    return nullptr;
   }
+  if (v >= 0) conv_hopper_ablation() = static_cast<uint32_t>(v);
   return PyLong_FromLong(static_cast<long>(previous));
 }
 

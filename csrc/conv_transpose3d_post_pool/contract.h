@@ -62,5 +62,4 @@ ConvForwardKernel& conv_forward_kernel_choice();
 // Whether this build holds the sm_90a kernel (TORCH_CUDA_ARCH_LIST named 9.0a).
 bool conv_wgmma_kernel_built();
 
-
 }  // namespace fused

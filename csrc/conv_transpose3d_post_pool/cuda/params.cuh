@@ -75,7 +75,7 @@ struct Params {
   bool unit_slopes;       // both slopes in (0, 1]: the epilogue's one-max leaky (kernel.cuh)
   bool x_channels_last;  // only picks the staging loop order (addresses always use the strides)
   bool x_rows16;         // sm_90a kernel: x's w rows load as aligned 16-byte vectors (hopper/stage.cuh)
-  uint32_t ablate;       // sm_90a kernel: ConvHopperAblation bits (contract.h), 0 but when measuring
+  uint32_t ablate;       // sm_90a kernel: ConvHopperAblation bits (ablation.h), 0 but when measuring
 };
 
 // Launches one precision's kernel (defined in kernel.cuh, instantiated per precision and output form in
