@@ -210,6 +210,22 @@ PyObject* conv_hopper_ablation_py(PyObject* /*self*/, PyObject* arg) {
   return PyLong_FromLong(static_cast<long>(previous));
 }
 
+// _conv_hopper_trace(address): the device address of an int64 buffer of kTraceSlots (hopper/trace.cuh) per block the
+// sm_90a kernel writes its event clocks into, 0 for none; returns the previous address. Measurement builds only.
+PyObject* conv_hopper_trace_py(PyObject* /*self*/, PyObject* arg) {
+  const unsigned long long previous = conv_hopper_trace();
+  const unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  if (v != 0 && !kHopperAblationBuilt) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "_conv_hopper_trace: this build's kernel has no trace points; rebuild with "
+                    "TORCH_FUSED_OPS_HOPPER_ABLATION=1 to measure");
+    return nullptr;
+  }
+  conv_hopper_trace() = v;
+  return PyLong_FromUnsignedLongLong(previous);
+}
+
 PyObject* conv_wgmma_built(PyObject* /*self*/, PyObject* /*unused*/) {
   return PyBool_FromLong(conv_wgmma_kernel_built() ? 1 : 0);
 }
@@ -225,6 +241,9 @@ PyMethodDef kMethods[] = {
     {"_conv_hopper_ablation", &conv_hopper_ablation_py, METH_O,
      "leaves parts of the sm_90a kernel out (bits: 1 epilogue, 2 wgmma, 4 staging) for measurement; returns the "
      "previous bits"},
+    {"_conv_hopper_trace", &conv_hopper_trace_py, METH_O,
+     "the device address of an int64 buffer the sm_90a kernel writes its event clocks into (0: none), for "
+     "measurement; returns the previous address"},
     {"_conv_wgmma_built", &conv_wgmma_built, METH_NOARGS,
      "whether this build holds the fused convolution's sm_90a (wgmma) kernel"},
     {nullptr, nullptr, 0, nullptr}};

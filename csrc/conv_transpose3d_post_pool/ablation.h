@@ -18,6 +18,11 @@ enum ConvHopperAblation : uint32_t {
 // The bits the launcher copies into each launch's Params (kernel_choice.cpp).
 uint32_t& conv_hopper_ablation();
 
+// A measurement build's event trace (hopper/trace.cuh): the device address of a buffer of int64 the kernel writes
+// its clock at named points into (kTraceSlots per block of the first channel block), 0 for none. The launcher copies
+// it into each launch's Params.
+uint64_t& conv_hopper_trace();
+
 // Whether this build's kernel reads them.
 constexpr bool kHopperAblationBuilt =
 #if defined(FUSED_HOPPER_ABLATION)

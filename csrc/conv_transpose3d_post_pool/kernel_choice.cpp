@@ -13,6 +13,11 @@ uint32_t& conv_hopper_ablation() {
   return bits;
 }
 
+uint64_t& conv_hopper_trace() {
+  static uint64_t address = 0;
+  return address;
+}
+
 bool conv_wgmma_kernel_built() {
 #if defined(WITH_CUDA) && defined(FUSED_SM90A)
   return true;

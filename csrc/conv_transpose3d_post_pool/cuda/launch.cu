@@ -198,6 +198,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.s2 = static_cast<float>(negative_slope2);
   p.unit_slopes = p.s1 > 0.f && p.s1 <= 1.f && p.s2 > 0.f && p.s2 <= 1.f;
   p.ablate = conv_hopper_ablation();
+  p.trace = reinterpret_cast<long long*>(conv_hopper_trace());
   p.x_channels_last = Cin > 1 && input.stride(1) == 1;
 
   const Mode mode = mode_of(dtype, allow_tf32);

@@ -76,6 +76,7 @@ struct Params {
   bool x_channels_last;  // only picks the staging loop order (addresses always use the strides)
   bool x_rows16;         // sm_90a kernel: x's w rows load as aligned 16-byte vectors (hopper/stage.cuh)
   uint32_t ablate;       // sm_90a kernel: ConvHopperAblation bits (ablation.h), 0 but when measuring
+  long long* trace;      // sm_90a kernel, measurement build: event clocks (hopper/trace.cuh), nullptr but when measuring
 };
 
 // Launches one precision's kernel (defined in kernel.cuh, instantiated per precision and output form in

@@ -11,6 +11,7 @@
 #include "conv_transpose3d_post_pool/ablation.h"
 #include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
 #include "conv_transpose3d_post_pool/hopper/stage.cuh"
+#include "conv_transpose3d_post_pool/hopper/trace.cuh"
 #include "conv_transpose3d_post_pool/hopper/wgmma_runs.cuh"
 #include "common/cuda_device.h"
 
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
+  if (tid == 0) trace_mark(p, kTraceStart);
   bool breaks_monotone = false;
   if (tid < kCoBlock) {
     const int co = co0 + tid;
@@ -125,12 +127,16 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (unit >= p.n_tiles) break;
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
+      if (tid == 0) trace_mark(p, producer_slot(k, 0));
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
+      if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
         stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
       }
+      if (tid == 0) trace_mark(p, producer_slot(k, 2));
       mbar_arrive(&full[stage]);
     }
+    if (tid == 0) trace_mark(p, kTraceProducerEnd);
     return;
   }
 
@@ -138,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
+  if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
   const EpilogueArgs args{sMult, sBias, co0, exact};
   const uint32_t b_addr = smem_addr(sB);
@@ -151,7 +158,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     const int64_t unit = blockIdx.x + k * gridDim.x;
     if (unit >= p.n_tiles) break;
     const int stage = static_cast<int>(k % L::kStages);
+    if (ctid == 0) trace_mark(p, consumer_slot(k, 0));
     mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
+    if (ctid == 0) trace_mark(p, consumer_slot(k, 1));
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
 #pragma unroll 1
@@ -170,14 +179,17 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      if (ctid == 0) trace_mark(p, consumer_slot(k, 2 + 2 * mt));
       if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
       if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+      if (ctid == 0) trace_mark(p, consumer_slot(k, 3 + 2 * mt));
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
       fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid);
     }
   }
+  if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
 #else
   (void)p;
 #endif
