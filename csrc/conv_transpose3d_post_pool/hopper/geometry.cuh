@@ -34,11 +34,12 @@ constexpr int kCoBlock = 32;             // output channels per block
 constexpr int kCols = 27 * kCoBlock;     // B columns over all shifts
 constexpr int kSmemBudget = 227 * 1024;  // sm_90's opt-in per block
 
-// The accumulators: 8 slots of 16 registers per thread, slot j holding phase kSlotPhase[j] (a Gray order, so that
-// every shift's phases are at most two runs of consecutive slots: generate.py).
+// The accumulators: 8 slots of 16 registers per thread, slot j holding phase slot_phase(j): three segments, each a
+// chain of phases in decreasing subset order (7 3 1 0 | 6 2 | 5 4), so that the phases a shift feeds in a segment
+// are a prefix of it and the wgmma can stay in flight together (generate.py says why).
 __host__ __device__ constexpr int slot_phase(int j) {
-  // {0, 1, 3, 2, 6, 7, 5, 4} as 4-bit fields (no array: a run-time index would put it in local memory).
-  return static_cast<int>((0x45762310u >> (4 * j)) & 0xfu);
+  // {7, 3, 1, 0, 6, 2, 5, 4} as 4-bit fields (no array: a run-time index would put it in local memory).
+  return static_cast<int>((0x45260137u >> (4 * j)) & 0xfu);
 }
 __host__ __device__ constexpr int phase_slot(int ph) {
   for (int j = 0; j < 8; ++j) {
@@ -48,15 +49,18 @@ __host__ __device__ constexpr int phase_slot(int ph) {
 }
 
 // The wgmma of one k-step, in issue order: input shift (sd * 4 + sh * 2 + sw), first slot, slots (wgmma_runs.cuh
-// has one instruction per shape). Run 0 feeds every slot, so it initialises the accumulators at k-step 0.
+// has one instruction per shape). The runs of shift 0 (the first three) feed every slot once, so they initialise the
+// accumulators at k-step 0.
 struct Run {
   int shift, slot0, slots;
 };
-constexpr int kRuns = 10;
+constexpr int kRuns = 16;
 __host__ __device__ constexpr Run run(int i) {
-  // {0, 0, 8}, {1, 1, 2}, {1, 5, 2}, {2, 2, 4}, {3, 2, 1}, {3, 5, 1}, {4, 4, 4}, {5, 5, 2}, {6, 4, 2}, {7, 5, 1}
-  // as 4-bit fields per column of the table (no array, as above).
-  const unsigned long long shifts = 0x7654332110ull, slot0s = 0x5454522510ull, slots = 0x1224114228ull;
+  // {0, 0, 4}, {0, 4, 2}, {0, 6, 2}, {1, 0, 3}, {1, 6, 1}, {2, 0, 2}, {2, 4, 2}, {3, 0, 2}, {4, 0, 1}, {4, 4, 1},
+  // {4, 6, 2}, {5, 0, 1}, {5, 6, 1}, {6, 0, 1}, {6, 4, 1}, {7, 0, 1} as 4-bit fields per column of the table (no
+  // array, as above).
+  const unsigned long long shifts = 0x7665544432211000ull, slot0s = 0x0406064004060640ull,
+                           slots = 0x1111121122213224ull;
   return Run{static_cast<int>((shifts >> (4 * i)) & 0xf), static_cast<int>((slot0s >> (4 * i)) & 0xf),
              static_cast<int>((slots >> (4 * i)) & 0xf)};
 }
@@ -68,8 +72,12 @@ __host__ __device__ constexpr int run_col0(int i) {
   return c;
 }
 static_assert(run_col0(kRuns) == kCols, "the runs hold the 27 (phase, tap) pairs once each");
-static_assert(run(2).slot0 == 5 && run(3).slots == 4 && run(9).shift == 7 && slot_phase(4) == 6 && slot_phase(7) == 4,
+static_assert(run(1).slot0 == 4 && run(3).slots == 3 && run(15).shift == 7 && run(10).slot0 == 6 &&
+                  slot_phase(0) == 7 && slot_phase(4) == 6 && slot_phase(7) == 4,
               "the packed tables");
+static_assert(run(0).shift == 0 && run(1).shift == 0 && run(2).shift == 0 && run(3).shift == 1 &&
+                  run(0).slots + run(1).slots + run(2).slots == 8,
+              "shift 0's runs come first and cover every slot");
 
 // Operand sizes for precision M with KS k-steps (8 TF32 or 16 16-bit channels each). Both operands are K-major
 // without swizzling: a "chunk" is 16 bytes of consecutive channels (4 float32 or 8 16-bit) of one row (position or

@@ -43,7 +43,7 @@ __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit)
 }
 
 // The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
-// stage's shared address; b: B's. The first instruction (run 0 feeds every slot) overwrites.
+// stage's shared address; b: B's. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
   using L = Layout<M, KS>;
@@ -52,13 +52,11 @@ __device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage,
   const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
   const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
   wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
-                                 (R == 0 && ks == 0) ? 0 : 1);
+                                 (r.shift == 0 && ks == 0) ? 0 : 1);
 }
 
-// Run-major, k-steps inner: consecutive wgmma on the same accumulators chain in the tensor cores, while a switch to
-// another run's (overlapping, differently shaped) accumulators waits for the previous one (ptxas: C7511). Measured
-// against runs cut so that none waits (three chain segments 7 3 1 0 | 6 2 | 5 4, 16 runs per k-step): no faster in
-// the inference forms, slower in the training forms, whose wgmma ptxas serialised anyway (docs/performance.md).
+// Run-major, k-steps inner (each phase sums shift by shift, k-steps inner, as the mma.sync kernel does). No wait
+// between the instructions: the runs' accumulator ranges nest or are disjoint (geometry.cuh).
 template <Mode M, int KS, int R>
 __device__ __forceinline__ void issue_run_ksteps(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
 #pragma unroll
@@ -77,6 +75,13 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_run_ksteps<M, KS, 7>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 8>(acc, a_stage, b, mt);
   issue_run_ksteps<M, KS, 9>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 10>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 11>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 12>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 13>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 14>(acc, a_stage, b, mt);
+  issue_run_ksteps<M, KS, 15>(acc, a_stage, b, mt);
+  static_assert(kRuns == 16, "one line per run above");
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
@@ -154,6 +159,15 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
+  // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's
+  // wgmma after consumer 1 has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor
+  // cores take the two consumers' tiles alternately and each one's epilogue runs while the other's products do; left
+  // to themselves the consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the
+  // odd unit out. (32-bit: the launcher keeps a block's units far below 2^29.)
+  constexpr bool kTurns = true;
+  const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
+  int j = 0;  // this consumer's tiles so far
   for (int64_t k = c;; k += kConsumers) {
     const int64_t unit = blockIdx.x + k * gridDim.x;
     if (unit >= p.n_tiles) break;
@@ -169,12 +183,15 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      if (kTurns && (c == 1 || (j > 0 && j - 1 < tiles1))) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
-        wgmma_wait_all();
       }
+      if (kTurns && (c == 0 ? j < tiles1 : j + 1 < tiles0)) turn_pass(1 - c);
+      ++j;
+      if (!ablated(p, kAblateMma)) wgmma_wait_all();
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll

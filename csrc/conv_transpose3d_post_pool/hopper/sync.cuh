@@ -109,6 +109,16 @@ __device__ __forceinline__ bool consumers_sync_or(bool pred) {
 // A barrier of the consumer warpgroups' 256 threads (named barrier 3).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, 256;\n" ::: "memory"); }
 
+// The consumer warpgroups' turns at the tensor cores (named barriers 4 and 5, 256 threads): one warpgroup arrives
+// (without waiting) when it has issued a tile's wgmma, the other waits there before issuing its own.
+constexpr int kTurnBarrier0 = 4;
+__device__ __forceinline__ void turn_wait(int c) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(kTurnBarrier0 + c) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int to) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier0 + to) : "memory");
+}
+
 // A barrier of the 128 threads of one warpgroup (named barrier 1 + wg; 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
