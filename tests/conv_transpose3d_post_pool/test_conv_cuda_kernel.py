@@ -161,6 +161,17 @@ def test_exact_slopes(prec, s1, s2, tf32_setting):
 
 
 @pytest.mark.parametrize("prec", list(PRECS))
+@pytest.mark.parametrize("mult", ["pos", "neg"])
+def test_exact_merged_activations(prec, mult, tf32_setting):
+    # A first slope of 2^-149 (the smallest subnormal) makes the activation merge neighbouring negative integers
+    # (-3 and -4 times a multiplier of 0.5 both round to -2^-148; -1 to -0, which ties with 0's +0), so the first
+    # maximum of the activated window is not the first maximum of the convolution value: the training form's
+    # monotone shortcut must notice and select as max_pool3d does.
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, s1=1.4e-45, s2=1.0, train=True, mult=mult)
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, s1=1.4e-45, s2=1.0, train=False, mult=mult)
+
+
+@pytest.mark.parametrize("prec", list(PRECS))
 @pytest.mark.parametrize("mult,bias", [("neg", True), ("pos", False), ("one", True), ("one", False)])
 @pytest.mark.parametrize("train", [True, False])
 def test_exact_multipliers(prec, mult, bias, train, tf32_setting):

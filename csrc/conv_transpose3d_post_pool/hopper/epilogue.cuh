@@ -18,7 +18,8 @@ struct EpilogueArgs {
   const float* mult;
   const float* bias;
   int co0;
-  bool exact;  // else the monotone form: the weights were staged negated for negative multipliers
+  bool exact;     // else the monotone form: the weights were staged negated for negative multipliers
+  bool monotone;  // every channel's activation is monotone (positive slopes, finite non-zero multipliers, finite biases)
 };
 
 // LeakyReLU, x multiplier, LeakyReLU of a convolution value y (already rounded to the I/O dtype), as the mma.sync
@@ -86,6 +87,52 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
   }
 }
 
+// The training form where every channel's activation f is monotone (a.monotone): f is non-decreasing in
+// v = y for a positive multiplier and in v = -y for a negative one, so max_pool3d's first strict maximum over the
+// activated phases is the first maximum of v — unless an earlier phase's smaller v activates to the same float
+// (f's roundings can merge neighbouring values). With `second` the largest v before the first maximum, that cannot
+// happen when f(second) < f(max): two activations per output instead of eight. Returns false where it cannot tell
+// (such a merge, or a NaN): the caller then takes exact_values for the warp.
+template <Mode M, bool MIXED, bool UNIT>
+__device__ __forceinline__ bool monotone_training_values(const Params& p, const float (&acc)[8][16], int t,
+                                                         const EpilogueArgs& a, float (&best)[16], float (&sel)[16],
+                                                         uint32_t (&off)[16]) {
+  using io_t = typename ModeTraits<M>::io_t;
+  bool ok = true;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int c = acc_channel(r, t);
+    const float m = a.mult[c], b = a.bias[c];
+    const uint32_t flip = m < 0.f ? 0x80000000u : 0u;
+    float top = 0.f, second = -__int_as_float(0x7f800000);
+    uint32_t at = 0;
+    bool nan = false;
+#pragma unroll
+    for (int ph = 0; ph < 8; ++ph) {
+      float y = acc[phase_slot(ph)][r] + b;
+      if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
+      const float v = __uint_as_float(__float_as_uint(y) ^ flip);
+      nan |= v != v;
+      if (ph == 0) {
+        top = v;
+      } else {
+        const bool up = v > top;
+        second = up ? top : second;
+        top = up ? v : top;
+        at = up ? static_cast<uint32_t>(ph) : at;
+      }
+    }
+    const float y_top = __uint_as_float(__float_as_uint(top) ^ flip);
+    const float e = activate<M, MIXED, UNIT>(p, y_top, m);
+    const float e_second = activate<M, MIXED, UNIT>(p, __uint_as_float(__float_as_uint(second) ^ flip), m);
+    ok = ok && !nan && (at == 0 || e_second < e);
+    best[r] = e;
+    sel[r] = y_top;
+    off[r] = at;
+  }
+  return ok;
+}
+
 // One m64 tile's pooled outputs from its accumulators: the block-uniform form is chosen once per tile (not per
 // output), so that the 16 outputs' dependent chains have no branches between them and interleave; then the stores.
 template <Mode M, bool TRAIN, bool MIXED>
@@ -102,7 +149,10 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
       monotone_values<M, MIXED, false>(p, acc, t, a, best);
     }
   } else if (p.unit_slopes) {
-    exact_values<M, TRAIN, MIXED, true>(p, acc, t, a, best, sel, off);
+    // a.monotone is block-uniform, so the whole warp takes the vote or none of it does.
+    const bool done = TRAIN && a.monotone &&
+                      __all_sync(0xffffffffu, monotone_training_values<M, MIXED, true>(p, acc, t, a, best, sel, off));
+    if (!done) exact_values<M, TRAIN, MIXED, true>(p, acc, t, a, best, sel, off);
   } else {
     exact_values<M, TRAIN, MIXED, false>(p, acc, t, a, best, sel, off);
   }
