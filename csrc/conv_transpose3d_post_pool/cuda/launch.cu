@@ -83,7 +83,7 @@ bool hopper_applies(Mode mode, int64_t N, int64_t PD, int64_t PH, int64_t PW, in
                     int64_t Cout, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
-  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || Cin > 16 ||
+  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || Cin > 16 || Cin < 1 ||
       compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
     return false;
   }

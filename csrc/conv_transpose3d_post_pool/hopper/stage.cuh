@@ -35,9 +35,14 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
                                             bool& nonfinite) {
   constexpr int kElems = ModeTraits<M>::kHalf ? 8 : 4;
   uint32_t e[kElems];
+  // Every element loaded, a missing one from element 0 (the launcher runs this kernel for non-empty tensors only)
+  // and zeroed after: predicated loads were issued one or two at a time, each waited for by its check before the
+  // next (a round trip per element).
 #pragma unroll
   for (int i = 0; i < kElems; ++i) {
-    e[i] = valid && c0 + i < C ? staged_bits<M, CAST>(base, at + (c0 + i) * sc) : 0u;
+    const bool ok = valid && c0 + i < C;
+    const uint32_t bits = staged_bits<M, CAST>(base, ok ? at + (c0 + i) * sc : 0);
+    e[i] = ok ? bits : 0u;
   }
   uint32_t w[4];
 #pragma unroll
@@ -178,18 +183,26 @@ __device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table,
     const int c = r / 27, tap = r - c * 27;
     const int64_t at = static_cast<int64_t>(co0 + c) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
                        (tap % 3) * p.sw[4];
-    uint32_t v[kCapacity];
+    // Every channel's load issued before any is used: a channel past Cin reads the pair's first (always there) and is
+    // zeroed after, since predicated loads were issued one or two at a time, each waited for before the next.
+    float raw[kCapacity];
 #pragma unroll
-    for (int ci = 0; ci < kCapacity; ++ci) v[ci] = ci < p.Cin ? tf32_round(__ldg(w + at + ci * p.sw[0])) : 0u;
+    for (int ci = 0; ci < kCapacity; ++ci) raw[ci] = __ldg(w + (ci < p.Cin ? at + ci * p.sw[0] : at));
     const uint32_t flip = negate && sMult[c] < 0.f ? 0x80000000u : 0u;
     uint8_t* const dst = sB + tap_table[2 * tap] + c * 16;
     const int stride = tap_table[2 * tap + 1];
     // Every input channel B holds, those past Cin too (their zero negated with the rest: B then holds exactly what
-    // the gather stores, bit for bit, -0 included).
+    // the gather stores, bit for bit, -0 included), one 16-byte chunk of 4 channels per store.
 #pragma unroll
-    for (int ci = 0; ci < kCapacity; ++ci) {
-      nonfinite |= !(fabsf(__uint_as_float(v[ci])) < __int_as_float(0x7f800000));
-      *reinterpret_cast<uint32_t*>(dst + (ci >> 2) * stride + (ci & 3) * 4) = v[ci] ^ flip;
+    for (int k = 0; k < kCapacity / 4; ++k) {
+      uint32_t v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ci = 4 * k + e;
+        v[e] = ci < p.Cin ? tf32_round(raw[ci]) : 0u;
+        nonfinite |= !(fabsf(__uint_as_float(v[e])) < __int_as_float(0x7f800000));
+      }
+      *reinterpret_cast<uint4*>(dst + k * stride) = make_uint4(v[0] ^ flip, v[1] ^ flip, v[2] ^ flip, v[3] ^ flip);
     }
   }
   fence_proxy_async();
