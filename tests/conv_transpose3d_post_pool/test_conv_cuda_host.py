@@ -107,3 +107,21 @@ def test_hopper_ablation_switch():
     finally:
         _C._conv_hopper_ablation(0)
     assert _C._conv_hopper_ablation(None) == 0
+
+
+def test_hopper_trace_switch():
+    """The measurement trace buffer of the sm_90a kernel: none (0) unless a benchmark sets one; a product build
+    refuses an address, saying how to make a measurement build; a measurement build returns the previous address.
+    A negative address raises OverflowError and changes nothing."""
+    from torch_fused_ops import _C
+
+    assert _C._conv_hopper_trace(0) == 0
+    with pytest.raises(OverflowError):
+        _C._conv_hopper_trace(-1)
+    try:
+        previous = _C._conv_hopper_trace(4096)
+    except RuntimeError as e:  # a product build
+        assert "TORCH_FUSED_OPS_HOPPER_ABLATION=1" in str(e)
+    else:
+        assert previous == 0 and _C._conv_hopper_trace(0) == 4096
+    assert _C._conv_hopper_trace(0) == 0
