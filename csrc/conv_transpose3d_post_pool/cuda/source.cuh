@@ -22,21 +22,12 @@ struct Source {
   // Bytes of one stored element.
   static constexpr int kElemBytes = CAST ? 4 : static_cast<int>(sizeof(io_t));
 
-  // The 16-bit pattern of element `at` in the I/O dtype (16-bit modes only) in two steps, so that a caller can issue
-  // many loads before it converts any: the element as stored (float32 bits with CAST, else the 16-bit pattern), then
-  // those bits rounded to the I/O dtype.
-  __device__ static __forceinline__ uint32_t raw_bits(const void* base, int64_t at) {
+  // The 16-bit pattern of element `at` in the I/O dtype (16-bit modes only).
+  __device__ static __forceinline__ uint32_t bits16(const void* base, int64_t at) {
     if constexpr (CAST) {
-      return __float_as_uint(__ldg(static_cast<const float*>(base) + at));
+      return bits_of(from_float<io_t>(__ldg(static_cast<const float*>(base) + at)));
     } else {
       return __ldg(static_cast<const unsigned short*>(base) + at);
-    }
-  }
-  __device__ static __forceinline__ uint32_t rounded_bits16(uint32_t raw) {
-    if constexpr (CAST) {
-      return bits_of(from_float<io_t>(__uint_as_float(raw)));
-    } else {
-      return raw;
     }
   }
   // Element `at` as a float, after rounding to the I/O dtype.

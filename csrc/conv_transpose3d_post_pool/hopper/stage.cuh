@@ -17,42 +17,32 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-template <Mode M>
-constexpr int kChunkElemsOf = ModeTraits<M>::kHalf ? 8 : 4;
-
-// The loads of one chunk (channels c0 .. c0 + kChunkElems - 1 of the tensor at element offset `at`, channel stride
-// `sc`), the stored bits unconverted. Every element is loaded, a missing one (past C, or `valid` false) from element
-// 0 (the launcher runs this kernel for non-empty tensors only) and zeroed by finish_chunk: predicated loads were
-// issued one or two at a time, each waited for by its check before the next (a round trip per element).
+// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 rounded to TF32, or one 16-bit half
+// (CAST: rounded from float32, source.cuh).
 template <Mode M, bool CAST>
-__device__ __forceinline__ void load_chunk_raw(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
-                                               uint32_t (&raw)[kChunkElemsOf<M>]) {
-#pragma unroll
-  for (int i = 0; i < kChunkElemsOf<M>; ++i) {
-    const int64_t a = valid && c0 + i < C ? at + (c0 + i) * sc : 0;
-    if constexpr (ModeTraits<M>::kHalf) {
-      raw[i] = Source<M, CAST>::raw_bits(base, a);
-    } else {
-      raw[i] = __float_as_uint(__ldg(static_cast<const float*>(base) + a));
-    }
+__device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
+  if constexpr (ModeTraits<M>::kHalf) {
+    return Source<M, CAST>::bits16(base, at);
+  } else {
+    return tf32_round(__ldg(static_cast<const float*>(base) + at));
   }
 }
 
-// The chunk's 16 bytes from load_chunk_raw's bits: TF32 rounded or 16-bit patterns (CAST: rounded from float32),
-// zero past C or where `valid` is false. Sets `nonfinite` for a real non-finite element.
+// 16 bytes of chunk elements (channels c0 .. c0 + kChunkElems - 1, zero past Cin or where `valid` is false) of the
+// tensor at element offset `at` with channel stride `sc`. Sets `nonfinite` for a real non-finite element.
 template <Mode M, bool CAST>
-__device__ __forceinline__ uint4 finish_chunk(const uint32_t (&raw)[kChunkElemsOf<M>], int c0, int C, bool valid,
-                                              bool& nonfinite) {
-  uint32_t e[kChunkElemsOf<M>];
+__device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
+                                            bool& nonfinite) {
+  constexpr int kElems = ModeTraits<M>::kHalf ? 8 : 4;
+  uint32_t e[kElems];
+  // Every element loaded, a missing one from element 0 (the launcher runs this kernel for non-empty tensors only)
+  // and zeroed after: predicated loads were issued one or two at a time, each waited for by its check before the
+  // next (a round trip per element).
 #pragma unroll
-  for (int i = 0; i < kChunkElemsOf<M>; ++i) {
-    uint32_t bits;
-    if constexpr (ModeTraits<M>::kHalf) {
-      bits = Source<M, CAST>::rounded_bits16(raw[i]);
-    } else {
-      bits = tf32_round(__uint_as_float(raw[i]));
-    }
-    e[i] = valid && c0 + i < C ? bits : 0u;
+  for (int i = 0; i < kElems; ++i) {
+    const bool ok = valid && c0 + i < C;
+    const uint32_t bits = staged_bits<M, CAST>(base, ok ? at + (c0 + i) * sc : 0);
+    e[i] = ok ? bits : 0u;
   }
   uint32_t w[4];
 #pragma unroll
@@ -66,16 +56,6 @@ __device__ __forceinline__ uint4 finish_chunk(const uint32_t (&raw)[kChunkElemsO
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// 16 bytes of chunk elements (channels c0 .. c0 + kChunkElems - 1, zero past C or where `valid` is false) of the
-// tensor at element offset `at` with channel stride `sc`. Sets `nonfinite` for a real non-finite element.
-template <Mode M, bool CAST>
-__device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_t sc, int c0, int C, bool valid,
-                                            bool& nonfinite) {
-  uint32_t raw[kChunkElemsOf<M>];
-  load_chunk_raw<M, CAST>(base, at, sc, c0, C, valid, raw);
-  return finish_chunk<M, CAST>(raw, c0, C, valid, nonfinite);
 }
 
 // Every block reads the same weights: in the same order, all multiprocessors would ask the same few L2 slices for
@@ -109,11 +89,8 @@ __device__ bool stage_weights_gather(const Params& p, uint8_t* sB, int co0, cons
   const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
   const int rot = weight_rotation(kItems);
   for (int base = ctid; base < kItems; base += kBatch * kStagers) {
-    // Every chunk's loads first, then their conversions and stores: converting a chunk before the next chunk's
-    // loads were issued cost a round trip per chunk.
-    uint32_t raw[kBatch][kChunkElemsOf<M>];
-    int cols[kBatch], c0s[kBatch];
-    bool valid[kBatch];
+    uint4 v[kBatch];
+    int cols[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int i = rotated(base + b * kStagers, rot, kItems);
@@ -130,15 +107,14 @@ __device__ bool stage_weights_gather(const Params& p, uint8_t* sB, int co0, cons
       const int64_t at = static_cast<int64_t>(co) * p.sw[1] + (tap / 9) * p.sw[2] + ((tap / 3) % 3) * p.sw[3] +
                          (tap % 3) * p.sw[4];
       cols[b] = c;
-      c0s[b] = chunk * L::kChunkElems;
-      valid[b] = base + b * kStagers < kItems && co < p.Cout;
-      load_chunk_raw<M, CAST>(p.w, at, p.sw[0], c0s[b], p.Cin, valid[b], raw[b]);
+      v[b] = load_chunk<M, CAST>(p.w, at, p.sw[0], chunk * L::kChunkElems, p.Cin,
+                                 base + b * kStagers < kItems && co < p.Cout, nonfinite);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      uint4 w = finish_chunk<M, CAST>(raw[b], c0s[b], p.Cin, valid[b], nonfinite);
       if (base + b * kStagers >= kItems) continue;
       const int i = rotated(base + b * kStagers, rot, kItems);
+      uint4 w = v[b];
       if (negate && sMult[cols[b]] < 0.f) {
         w.x ^= flip;
         w.y ^= flip;
