@@ -171,12 +171,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
-  // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's
-  // wgmma after consumer 1 has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor
-  // cores take the two consumers' tiles alternately and each one's epilogue runs while the other's products do; left
-  // to themselves the consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the
-  // odd unit out. (32-bit: the launcher keeps a block's units far below 2^29.)
-  constexpr bool kTurns = true;
+  // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's wgmma after consumer 1
+  // has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor cores take the two
+  // consumers' tiles alternately and each one's epilogue runs while the other's products do; left to themselves the
+  // consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the odd unit out.
+  // (32-bit: the launcher keeps a block's units far below 2^29.)
   const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
   int j = 0;  // this consumer's tiles so far
@@ -195,13 +194,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (kTurns && (c == 1 || (j > 0 && j - 1 < tiles1))) turn_wait(c);
+      if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
       }
-      if (kTurns && (c == 0 ? j < tiles1 : j + 1 < tiles0)) turn_pass(1 - c);
+      if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
       ++j;
       if (!ablated(p, kAblateMma)) wgmma_wait_all();
 #pragma unroll
