@@ -60,7 +60,7 @@ __device__ __forceinline__ uint4 load_chunk(const void* base, int64_t at, int64_
 
 // Every block reads the same weights: in the same order, all multiprocessors would ask the same few L2 slices for
 // the same lines at once, so each block starts its walk over the n items elsewhere. (Most of the weights' staging
-// time was the loads' serialisation, fixed below; this spread measured no separate gain.)
+// time was the loads' serialisation, fixed below; this spread was not measured on its own.)
 __device__ __forceinline__ int weight_rotation(int n) {
   return n > 0 ? static_cast<int>((blockIdx.x * 37u) % static_cast<unsigned>(n)) : 0;
 }
