@@ -67,6 +67,9 @@
 #     dram__bytes_read.sum,dram__bytes_write.sum" bash scripts/gpu.sh ncu    the same with x's gradient, DRAM bytes
 #   TESTS=tests/conv_transpose3d_post_pool/test_train_no_full_resolution.py bash scripts/gpu.sh tests train
 #                                                             the step's no-full-resolution check, then the bench
+#   bash scripts/gpu.sh tests && bash scripts/gpu_beside.sh beside
+#                                                             then another tree (e.g. a branch's archive) in the same
+#                                                             call: its sm_90a bench and kernel tests (gpu_beside.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
