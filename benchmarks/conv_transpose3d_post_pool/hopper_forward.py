@@ -2,7 +2,7 @@
 accuracy against float64 beside cuDNN's, and device time, per precision and form.
 
     python benchmarks/conv_transpose3d_post_pool/hopper_forward.py [--batches 16,1] \
-        [--precisions tf32,bf16,fp16,mixed,autocast] [--once]
+        [--precisions tf32,bf16,fp16,mixed,autocast] [--once [--train]]
 
 Both kernels run through the operator (torch.ops.fused), switched by torch_fused_ops._C._conv_forward_kernel (2: the
 sm_90a kernel wherever it can run, 1: mma.sync; the operators' own choice, 0, takes the faster of the two by size). *agree*: the fraction of outputs bit-equal between the kernels (the
@@ -11,7 +11,8 @@ own convolution in the same precision beside it. Device time: CUDA-graph replays
 on float32 operands through fused._conv_transpose3d_post_pool_cast (what torch.autocast's kernel calls): the sm_90a
 kernel rounds them as it loads them, the mma.sync column casts them first (three cast kernels), inference only.
 --once: two inference calls of the sm_90a kernel per precision at the first batch and nothing else, for Nsight Compute
-(`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page).
+(`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page); with --train, the
+training form's calls instead (autocast has none).
 --ablate: instead, the sm_90a kernel's device time with parts of it left out (torch_fused_ops._C._conv_hopper_ablation:
 its outputs are then wrong), per precision and form at the first batch: what each part costs on its own and what the
 kernel costs without it. A part whose removal saves little is hidden behind the others. Needs a measurement build,
@@ -134,6 +135,7 @@ def main():
     ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed,autocast")
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--train", action="store_true", help="with --once: the training form")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -143,7 +145,7 @@ def main():
         for precision in args.precisions.split(","):
             inputs = case_inputs(batch, precision)
             for _ in range(2):
-                op(*inputs, False, inputs_cast(precision))
+                op(*inputs, args.train, inputs_cast(precision))
         torch.cuda.synchronize()
         return
     if args.ablate:
