@@ -7,7 +7,8 @@
 #   git archive BRANCH | (mkdir -p beside && tar -x -C beside)        # here, before the device call
 #   bash scripts/gpu.sh tests && bash scripts/gpu_beside.sh beside     # on the device
 #
-# Outputs in $OUT: beside_build.log, beside_bench.txt, beside_tests.log. BESIDE_BENCH_TIMEOUT (90),
+# Outputs in $OUT (give each tree its own OUT=... when measuring two): beside_build.log, beside_bench.txt,
+# beside_tests.log. BESIDE_BENCH_ARGS (hopper_forward.py's, default --batches 16), BESIDE_BENCH_TIMEOUT (90),
 # BESIDE_TEST_TIMEOUT (150) in seconds; BESIDE_TESTS and BESIDE_TESTS_K pick the tests (default: the fused
 # convolution's kernel and cast tests, -k cuda).
 set -uo pipefail
@@ -24,8 +25,9 @@ if ! python3 setup.py build_ext --inplace > "$OUT/beside_build.log" 2>&1; then
   exit 1
 fi
 echo "beside: build ok in $((SECONDS - t0)) s; package from $(python3 -c 'import torch_fused_ops; print(torch_fused_ops.__file__)')"
-timeout "${BESIDE_BENCH_TIMEOUT:-90}" python3 benchmarks/conv_transpose3d_post_pool/hopper_forward.py --batches 16 \
-  > "$OUT/beside_bench.txt" 2>&1
+# shellcheck disable=SC2086
+timeout "${BESIDE_BENCH_TIMEOUT:-90}" python3 benchmarks/conv_transpose3d_post_pool/hopper_forward.py \
+  ${BESIDE_BENCH_ARGS:---batches 16} > "$OUT/beside_bench.txt" 2>&1
 echo "beside: bench rc=$?"
 TESTS=${BESIDE_TESTS:-"tests/conv_transpose3d_post_pool/test_conv_cuda_kernel.py tests/conv_transpose3d_post_pool/test_conv_cast.py"}
 # shellcheck disable=SC2086
