@@ -163,6 +163,14 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   // branch per output, took ~18 instructions a store.
   const bool whole = u.qh0 + kTH <= p.PH && u.qw0 + 8 * (mt + 1) <= p.PW && a.co0 + kCoBlock <= p.Cout;
   const int64_t so1 = p.so[1];
+  // Output r of the thread at element offset o (and in the training form its selected value and offset).
+  const auto store_output = [&](int64_t o, int r) {
+    Out::store(p, o, best[r]);
+    if constexpr (TRAIN) {
+      static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[r]);
+      p.off[o] = static_cast<uint8_t>(off[r]);
+    }
+  };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int qh = u.qh0 + 2 * warp + half, qw = u.qw0 + 8 * mt + g;
@@ -176,12 +184,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
           const int r = r4 * 4 + half * 2 + pair;
-          const int64_t o = o0 + (8 * r4 + pair) * so1;
-          Out::store(p, o, best[r]);
-          if constexpr (TRAIN) {
-            static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[r]);
-            p.off[o] = static_cast<uint8_t>(off[r]);
-          }
+          store_output(o0 + (8 * r4 + pair) * so1, r);
         }
       }
       continue;
@@ -193,12 +196,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
         const int r = r4 * 4 + half * 2 + pair;
         const int c = acc_channel(r, t);
         if (inside && a.co0 + c < p.Cout) {
-          const int64_t o = row + static_cast<int64_t>(a.co0 + c) * so1;
-          Out::store(p, o, best[r]);
-          if constexpr (TRAIN) {
-            static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[r]);
-            p.off[o] = static_cast<uint8_t>(off[r]);
-          }
+          store_output(row + static_cast<int64_t>(a.co0 + c) * so1, r);
         }
       }
     }
