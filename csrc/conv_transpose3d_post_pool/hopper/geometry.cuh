@@ -10,8 +10,8 @@
 //
 // A unit of work is one pooled d plane of kTH x kTW positions of one batch element: its input is two planes (d and
 // d + 1) of (kTH + 1) x (kTW + 1) positions, staged by the producer warpgroup into a ring of kStages stages; each
-// consumer warpgroup takes every other unit of its block and computes its kTW / 8 m64 tiles (8 rows x 8 columns
-// of pooled positions each) one at a time: 8 shifts x the k-steps of wgmma, then the epilogue from registers.
+// consumer warpgroup takes half of every unit's kTW / 8 m64 tiles (8 rows x 8 columns of pooled positions each) and
+// computes them one at a time: 8 shifts x the k-steps of wgmma, then the epilogue from registers.
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/mma.cuh"
@@ -94,11 +94,12 @@ struct Layout {
   static constexpr int kBBytes = kCols * kChunks * 16;
   static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
-  static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8;  // + up to 8 stages' mbarriers
+  // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
+  static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
   static constexpr int kStages = (kSmemBudget - kFixed) / kStageBytes >= 4 ? 4 : (kSmemBudget - kFixed) / kStageBytes;
   static_assert(kStages >= 2, "the instantiation does not fit two stages");
   static constexpr size_t kSmem =
-      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * kStages + kTapTableBytes;
+      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * (kStages + 1) + kTapTableBytes;
 };
 
 }  // namespace hopper

@@ -2,9 +2,9 @@
 // the mma.sync kernel (cuda/kernel.cuh), formulation and geometry in geometry.cuh.
 //
 // Roles: warpgroup 0 produces (stages each unit's input into the stage ring, signalling `full`), warpgroups 1 and 2
-// consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
-// releasing the stage through `empty` as soon as the unit's last products are done). The consumers stage the block's
-// weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
+// consume every unit, each its half of the unit's tiles (wgmma from the stage and the block's resident weights, then
+// the epilogue, releasing the stage through `empty` as soon as both have done their products). The consumers stage
+// the block's weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
 // of its 32 output channels (blockIdx.y).
 #pragma once
 
@@ -107,7 +107,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   float* const sBias = sMult + kCoBlock;
   uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
   uint64_t* const empty = full + L::kStages;
-  int* const tap_table = reinterpret_cast<int*>(empty + L::kStages);
+  uint64_t* const landed = empty + L::kStages;  // the weights' bulk copies (stage_weights_bulk)
+  uint64_t* const raw_free = landed + 1;         // the consumers are done with the raw weights
+  int* const tap_table = reinterpret_cast<int*>(raw_free + 1);
 
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
@@ -127,8 +129,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if (tid == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128);
+      mbar_init(&empty[s], 128 * kConsumers);
     }
+    mbar_init(landed, 1);
+    mbar_init(raw_free, 1);
+    mbar_init_fence();
   }
   const bool any_breaks = __syncthreads_or(breaks_monotone);
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
@@ -146,6 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
+      // The ring's last stages held the raw weights until the consumers built B from them.
+      if (p.w_bulk && k == RawWeights<M, KS, CAST>::kFirstStage) mbar_wait(raw_free, 0);
       if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
         stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
@@ -157,8 +164,12 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  const bool w_nonfinite =
+      p.w_bulk ? stage_weights_bulk<M, KS, CAST>(p, sB, sStages + RawWeights<M, KS, CAST>::kFirstStage * L::kStageBytes,
+                                                 landed, co0, sMult, !exact, tid - 128)
+               : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
+  if (tid == 128 && p.w_bulk) mbar_arrive(raw_free);
   claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
@@ -171,15 +182,19 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
-  // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's wgmma after consumer 1
-  // has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor cores take the two
-  // consumers' tiles alternately and each one's epilogue runs while the other's products do; left to themselves the
-  // consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the odd unit out.
-  // (32-bit: the launcher keeps a block's units far below 2^29.)
+  // Both consumers take every unit, consumer c its tiles c * kTilesEach ..: the first unit starts both (with each
+  // consumer taking alternate units, the second waited for the producer's second unit, ~3 us later in TF32), and
+  // the unit's stage is free once both have multiplied. Their turns at the tensor cores, tile by tile: consumer 0
+  // issues its j-th tile's wgmma after consumer 1 has issued its (j-1)-th, consumer 1 its j-th after consumer 0's
+  // j-th, so that the tensor cores take the two consumers' tiles alternately and each one's epilogue runs while the
+  // other's products do; left to themselves the consumers fall into step, both multiplying, then both in their
+  // epilogues. (32-bit: the launcher keeps a block's units far below 2^29.)
+  constexpr int kTilesEach = kMTiles / kConsumers;
+  static_assert(kMTiles % kConsumers == 0, "the consumers split each unit's tiles evenly");
   const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
+  const int tiles = units * kTilesEach;  // each consumer's
   int j = 0;  // this consumer's tiles so far
-  for (int64_t k = c;; k += kConsumers) {
+  for (int64_t k = 0;; ++k) {
     const int64_t unit = blockIdx.x + k * gridDim.x;
     if (unit >= p.n_tiles) break;
     const int stage = static_cast<int>(k % L::kStages);
@@ -189,18 +204,19 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
 #pragma unroll 1
-    for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int i = 0; i < kTilesEach; ++i) {
+      const int mt = c * kTilesEach + i;
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
+      if (c == 1 || j > 0) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
       }
-      if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
+      if (c == 0 || j + 1 < tiles) turn_pass(1 - c);
       ++j;
       if (!ablated(p, kAblateMma)) wgmma_wait_all();
 #pragma unroll
@@ -208,13 +224,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
       if (ctid == 0) trace_mark(p, consumer_slot(k, 2 + 2 * mt));
-      if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
+      if (i == kTilesEach - 1) mbar_arrive(&empty[stage]);
       if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
       if (ctid == 0) trace_mark(p, consumer_slot(k, 3 + 2 * mt));
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
-      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid);
+      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, c * kTilesEach * 8, ctid);
     }
   }
   if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
@@ -250,6 +266,12 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   const int e = 16 / Source<M, CAST>::kElemBytes;
   p.x_rows16 = p.sx[4] == 1 && p.sx[0] % e == 0 && p.sx[1] % e == 0 && p.sx[2] % e == 0 && p.sx[3] % e == 0 &&
                p.W % e == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  // The block's weight rows by bulk copies: the weight contiguous ([Cin][Cout][3][3][3]) and every block's rows
+  // 16-byte aligned (a block's first channel is a multiple of 32, so its rows start on 16 bytes when the weight does
+  // and Cout x 27 elements are whole 16 bytes).
+  const int64_t ew = Source<M, CAST>::kElemBytes;
+  p.w_bulk = p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
+             (27 * int64_t{p.Cout} * ew) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;
