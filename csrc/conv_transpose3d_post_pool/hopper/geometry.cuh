@@ -10,8 +10,8 @@
 //
 // A unit of work is one pooled d plane of kTH x kTW positions of one batch element: its input is two planes (d and
 // d + 1) of (kTH + 1) x (kTW + 1) positions, staged by the producer warpgroup into a ring of kStages stages; each
-// consumer warpgroup takes half of every unit's kTW / 8 m64 tiles (8 rows x 8 columns of pooled positions each) and
-// computes them one at a time: 8 shifts x the k-steps of wgmma, then the epilogue from registers.
+// consumer warpgroup takes every other unit of its block and computes its kTW / 8 m64 tiles (8 rows x 8 columns
+// of pooled positions each) one at a time: 8 shifts x the k-steps of wgmma, then the epilogue from registers.
 #pragma once
 
 #include "conv_transpose3d_post_pool/cuda/mma.cuh"

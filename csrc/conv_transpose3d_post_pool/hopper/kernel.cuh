@@ -2,9 +2,9 @@
 // the mma.sync kernel (cuda/kernel.cuh), formulation and geometry in geometry.cuh.
 //
 // Roles: warpgroup 0 produces (stages each unit's input into the stage ring, signalling `full`), warpgroups 1 and 2
-// consume every unit, each its half of the unit's tiles (wgmma from the stage and the block's resident weights, then
-// the epilogue, releasing the stage through `empty` as soon as both have done their products). The consumers stage
-// the block's weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
+// consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
+// releasing the stage through `empty` as soon as the unit's last products are done). The consumers stage the block's
+// weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
 // of its 32 output channels (blockIdx.y).
 #pragma once
 
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if (tid == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128 * kConsumers);
+      mbar_init(&empty[s], 128);
     }
     mbar_init(landed, 1);
     mbar_init(raw_free, 1);
@@ -182,19 +182,15 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
-  // Both consumers take every unit, consumer c its tiles c * kTilesEach ..: the first unit starts both (with each
-  // consumer taking alternate units, the second waited for the producer's second unit, ~3 us later in TF32), and
-  // the unit's stage is free once both have multiplied. Their turns at the tensor cores, tile by tile: consumer 0
-  // issues its j-th tile's wgmma after consumer 1 has issued its (j-1)-th, consumer 1 its j-th after consumer 0's
-  // j-th, so that the tensor cores take the two consumers' tiles alternately and each one's epilogue runs while the
-  // other's products do; left to themselves the consumers fall into step, both multiplying, then both in their
-  // epilogues. (32-bit: the launcher keeps a block's units far below 2^29.)
-  constexpr int kTilesEach = kMTiles / kConsumers;
-  static_assert(kMTiles % kConsumers == 0, "the consumers split each unit's tiles evenly");
+  // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's wgmma after consumer 1
+  // has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor cores take the two
+  // consumers' tiles alternately and each one's epilogue runs while the other's products do; left to themselves the
+  // consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the odd unit out.
+  // (32-bit: the launcher keeps a block's units far below 2^29.)
   const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  const int tiles = units * kTilesEach;  // each consumer's
+  const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
   int j = 0;  // this consumer's tiles so far
-  for (int64_t k = 0;; ++k) {
+  for (int64_t k = c;; k += kConsumers) {
     const int64_t unit = blockIdx.x + k * gridDim.x;
     if (unit >= p.n_tiles) break;
     const int stage = static_cast<int>(k % L::kStages);
@@ -204,19 +200,18 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
 #pragma unroll 1
-    for (int i = 0; i < kTilesEach; ++i) {
-      const int mt = c * kTilesEach + i;
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (c == 1 || j > 0) turn_wait(c);
+      if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
       }
-      if (c == 0 || j + 1 < tiles) turn_pass(1 - c);
+      if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
       ++j;
       if (!ablated(p, kAblateMma)) wgmma_wait_all();
 #pragma unroll
@@ -224,13 +219,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
       if (ctid == 0) trace_mark(p, consumer_slot(k, 2 + 2 * mt));
-      if (i == kTilesEach - 1) mbar_arrive(&empty[stage]);
+      if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
       if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
       if (ctid == 0) trace_mark(p, consumer_slot(k, 3 + 2 * mt));
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
-      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, c * kTilesEach * 8, ctid);
+      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid);
     }
   }
   if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
