@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
       // The ring's last stages held the raw weights until the consumers built B from them.
-      if (p.w_bulk && k == RawWeights<M, KS, CAST>::kFirstStage) mbar_wait(raw_free, 0);
+      if (!CAST && p.w_bulk && k == RawWeights<M, KS>::kFirstStage) mbar_wait(raw_free, 0);
       if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
         stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
@@ -164,10 +164,14 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite =
-      p.w_bulk ? stage_weights_bulk<M, KS, CAST>(p, sB, sStages + RawWeights<M, KS, CAST>::kFirstStage * L::kStageBytes,
-                                                 landed, co0, sMult, !exact, tid - 128)
-               : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  bool w_nonfinite;
+  if constexpr (!CAST) {
+    w_nonfinite = p.w_bulk ? stage_weights_bulk<M, KS>(p, sB, sStages + RawWeights<M, KS>::kFirstStage * L::kStageBytes,
+                                                       landed, tap_table, co0, sMult, !exact, tid - 128)
+                           : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  } else {
+    w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  }
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   if (tid == 128 && p.w_bulk) mbar_arrive(raw_free);
   claim_registers<kConsumerRegs>();
@@ -265,7 +269,7 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   // 16-byte aligned (a block's first channel is a multiple of 32, so its rows start on 16 bytes when the weight does
   // and Cout x 27 elements are whole 16 bytes).
   const int64_t ew = Source<M, CAST>::kElemBytes;
-  p.w_bulk = p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
+  p.w_bulk = !CAST && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
              (27 * int64_t{p.Cout} * ew) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;

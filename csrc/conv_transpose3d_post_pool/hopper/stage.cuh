@@ -12,6 +12,7 @@
 #include "conv_transpose3d_post_pool/hopper/sync.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fused {
 namespace conv_transpose3d_post_pool {
@@ -128,95 +129,6 @@ __device__ bool stage_weights_gather(const Params& p, uint8_t* sB, int co0, cons
   return nonfinite;
 }
 
-// Where the bulk path (stage_weights_bulk) lands the block's raw weights: one row per input channel (the block's
-// 32 channels x 27 taps in the weight's own order and dtype), in the stage ring's last stages, which the producer
-// fills only after the consumers have read them (its first unit there waits on the consumers' `raw_free`).
-template <Mode M, int KS, bool CAST>
-struct RawWeights {
-  using L = Layout<M, KS>;
-  static constexpr int kRowBytes = kCoBlock * 27 * Source<M, CAST>::kElemBytes;
-  static constexpr int kBytes = L::kChunks * L::kChunkElems * kRowBytes;  // B's input channels, every row
-  static constexpr int kStages = (kBytes + L::kStageBytes - 1) / L::kStageBytes;
-  static constexpr int kFirstStage = L::kStages - kStages;
-  static_assert(kFirstStage >= 1, "the raw weights would take the stage of the first unit");
-};
-
-// Element `at` of a raw weight row as B's bits: rounded to TF32, a 16-bit pattern, or (CAST) float32 rounded to it.
-template <Mode M, bool CAST>
-__device__ __forceinline__ uint32_t raw_bits(const uint8_t* raw, int at) {
-  if constexpr (CAST) {
-    return Source<M, CAST>::pack2(reinterpret_cast<const float*>(raw)[at], 0.f) & 0xffffu;
-  } else if constexpr (ModeTraits<M>::kHalf) {
-    return reinterpret_cast<const unsigned short*>(raw)[at];
-  } else {
-    return tf32_round(reinterpret_cast<const float*>(raw)[at]);
-  }
-}
-
-// stage_weights_gather's B from rows copied whole: the gather's scalar loads each read a 32-byte sector for one
-// element, and the address-order TF32 loads came in several round trips (ptxas placed each value's rounding and check
-// between later loads); measured, the consumers waited ~9 us (TF32) / ~10 (bf16) for their weights while the first
-// unit was staged at ~7 / ~3. Here one thread sends one bulk copy per input channel (the weight contiguous, its rows
-// 16-byte aligned: p.w_bulk), so the block's weights arrive in one round trip, and every thread then builds its B
-// items from shared memory (zero past Cin and Cout, negated for negative multipliers with `negate`, as the gather).
-template <Mode M, int KS, bool CAST>
-__device__ bool stage_weights_bulk(const Params& p, uint8_t* sB, uint8_t* raw, uint64_t* landed, int co0,
-                                   const float* sMult, bool negate, int ctid) {
-  using L = Layout<M, KS>;
-  using R = RawWeights<M, KS, CAST>;
-  constexpr int kE = Source<M, CAST>::kElemBytes;
-  constexpr int kStagers = 128 * kConsumers;
-  constexpr int kItems = kCols * L::kChunks;
-  constexpr int kElems = L::kChunkElems;
-  const int cols = p.Cout - co0 < kCoBlock ? p.Cout - co0 : kCoBlock;
-  if (ctid == 0) {
-    const uint32_t row = static_cast<uint32_t>(cols) * 27 * kE;
-    mbar_arrive_expect_tx(landed, row * static_cast<uint32_t>(p.Cin));
-    const uint8_t* src = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(co0) * 27 * kE;
-    for (int ci = 0; ci < p.Cin; ++ci) {
-      bulk_copy_to_shared(raw + ci * R::kRowBytes, src + ci * p.sw[0] * kE, row, landed);
-    }
-  }
-  mbar_wait(landed, 0);
-  bool nonfinite = false;
-  const uint32_t flip = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
-  for (int i = ctid; i < kItems; i += kStagers) {
-    int ri = 0;
-#pragma unroll
-    for (int k = 1; k < kRuns; ++k) ri = i >= run_col0(k) * L::kChunks ? k : ri;
-    const Run r = run(ri);
-    const int local = i - run_col0(ri) * L::kChunks;
-    const int n = run_cols(ri);
-    const int chunk = local / n, col = local - chunk * n;
-    const int ph = slot_phase(r.slot0 + col / kCoBlock), c = col % kCoBlock;
-    const int s = r.shift;
-    const int tap = phase_tap(ph >> 2, (ph >> 1) & 1, ph & 1, s >> 2, (s >> 1) & 1, s & 1);
-    uint32_t e[kElems];
-#pragma unroll
-    for (int k = 0; k < kElems; ++k) {
-      const int ci = chunk * kElems + k;
-      const bool ok = ci < p.Cin && c < cols;
-      const uint32_t bits = raw_bits<M, CAST>(raw, ok ? (ci * kCoBlock + c) * 27 + tap : 0);
-      e[k] = ok ? bits : 0u;
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (ModeTraits<M>::kHalf) {
-        w[k] = e[2 * k] | (e[2 * k + 1] << 16);
-        nonfinite |= !finite_bits16(e[2 * k], M == Mode::kBF16) || !finite_bits16(e[2 * k + 1], M == Mode::kBF16);
-      } else {
-        w[k] = e[k];
-        nonfinite |= !(fabsf(__uint_as_float(e[k])) < __int_as_float(0x7f800000));
-      }
-      if (negate && sMult[c] < 0.f) w[k] ^= flip;
-    }
-    *reinterpret_cast<uint4*>(sB + static_cast<size_t>(i) * 16) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  fence_proxy_async();
-  return nonfinite;
-}
-
 // Where tap `tap` (kd * 9 + kh * 3 + kw) of every channel lies in B: per dim, tap 1 feeds phase 0 from shift 0,
 // tap 2 phase 1 from shift 0, tap 0 phase 1 from shift 1; the (shift, phase) pair is one slot of one run. Returns
 // the byte offset of the tap's column for channel 0 in chunk 0; `chunk_stride`: the bytes between its chunks.
@@ -292,6 +204,99 @@ __device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table,
         nonfinite |= !(fabsf(__uint_as_float(v[e])) < __int_as_float(0x7f800000));
       }
       *reinterpret_cast<uint4*>(dst + k * stride) = make_uint4(v[0] ^ flip, v[1] ^ flip, v[2] ^ flip, v[3] ^ flip);
+    }
+  }
+  fence_proxy_async();
+  return nonfinite;
+}
+
+// Where the bulk path (stage_weights_bulk) lands the block's raw weights: one row per input channel (the block's
+// 32 channels x 27 taps in the weight's own order and dtype), in the stage ring's last stages, which the producer
+// fills only after the consumers have read them (its first unit there waits on the consumers' `raw_free`).
+template <Mode M, int KS>
+struct RawWeights {
+  using L = Layout<M, KS>;
+  static constexpr int kRowBytes = kCoBlock * 27 * static_cast<int>(sizeof(typename ModeTraits<M>::io_t));
+  static constexpr int kBytes = L::kChunks * L::kChunkElems * kRowBytes;  // B's input channels, every row
+  static constexpr int kStages = (kBytes + L::kStageBytes - 1) / L::kStageBytes;
+  static constexpr int kFirstStage = L::kStages - kStages;
+  static_assert(kFirstStage >= 2, "the raw weights would take a stage of the first two units");
+};
+
+// stage_weights_tf32's B (the gather's layout, bit for bit) from rows copied whole, for a contiguous weight whose
+// rows are 16-byte aligned (p.w_bulk; not the CAST forms, whose float32 rows would take the second unit's stage):
+// one thread sends one bulk copy per input channel, each block starting at another row (all blocks read the same
+// weights; in the same order they would ask the same L2 slices for the same lines at once), and every thread then
+// builds its (channel, tap) pairs' chunks from shared memory through the per-tap table of B offsets. The element
+// loads this replaces took several round trips per thread (ptxas placed each value's rounding and check between
+// later loads); the trace had the consumers waiting ~9 us (TF32) / ~10 (bf16) for their weights.
+template <Mode M, int KS>
+__device__ bool stage_weights_bulk(const Params& p, uint8_t* sB, uint8_t* raw, uint64_t* landed, int* tap_table,
+                                   int co0, const float* sMult, bool negate, int ctid) {
+  using L = Layout<M, KS>;
+  using R = RawWeights<M, KS>;
+  using raw_t = std::conditional_t<ModeTraits<M>::kHalf, unsigned short, float>;
+  constexpr int kE = static_cast<int>(sizeof(raw_t));
+  constexpr int kStagers = 128 * kConsumers;
+  constexpr int kElems = L::kChunkElems;
+  const int cols = p.Cout - co0 < kCoBlock ? p.Cout - co0 : kCoBlock;
+  if (ctid == 0) {
+    const uint32_t row = static_cast<uint32_t>(cols) * 27 * kE;
+    mbar_arrive_expect_tx(landed, row * static_cast<uint32_t>(p.Cin));
+    const uint8_t* src = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(co0) * 27 * kE;
+    const int first = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.Cin));
+    for (int k = 0; k < p.Cin; ++k) {
+      const int ci = k + first < p.Cin ? k + first : k + first - p.Cin;
+      bulk_copy_to_shared(raw + ci * R::kRowBytes, src + ci * p.sw[0] * kE, row, landed);
+    }
+  }
+  // The places of channels past Cout stay zero (every real pair writes all of its chunks, zeros past Cin included).
+  if (cols < kCoBlock) {
+    for (int i = ctid; i < L::kBBytes / 16; i += kStagers) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (ctid < 27) {
+    int stride;
+    tap_table[2 * ctid] = tap_offset<M, KS>(ctid, stride);
+    tap_table[2 * ctid + 1] = stride;
+  }
+  consumers_sync();
+  mbar_wait(landed, 0);
+  const raw_t* const rw = reinterpret_cast<const raw_t*>(raw);
+  const uint32_t flip_word = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+  bool nonfinite = false;
+  for (int r = ctid; r < cols * 27; r += kStagers) {
+    const int c = r / 27, tap = r - c * 27;
+    uint8_t* const dst = sB + tap_table[2 * tap] + c * 16;
+    const int stride = tap_table[2 * tap + 1];
+    const uint32_t flip = negate && sMult[c] < 0.f ? flip_word : 0u;
+#pragma unroll
+    for (int k = 0; k < L::kChunks; ++k) {
+      uint32_t e[kElems];
+#pragma unroll
+      for (int i = 0; i < kElems; ++i) {
+        const int ci = k * kElems + i;
+        // Consecutive threads read consecutive elements of one row: no bank conflicts.
+        const raw_t v = rw[(ci < p.Cin ? ci : 0) * (kCoBlock * 27) + r];
+        uint32_t bits;
+        if constexpr (ModeTraits<M>::kHalf) {
+          bits = v;
+        } else {
+          bits = tf32_round(v);
+        }
+        e[i] = ci < p.Cin ? bits : 0u;
+      }
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (ModeTraits<M>::kHalf) {
+          w[i] = e[2 * i] | (e[2 * i + 1] << 16);
+          nonfinite |= !finite_bits16(e[2 * i], M == Mode::kBF16) || !finite_bits16(e[2 * i + 1], M == Mode::kBF16);
+        } else {
+          w[i] = e[i];
+          nonfinite |= !(fabsf(__uint_as_float(e[i])) < __int_as_float(0x7f800000));
+        }
+      }
+      *reinterpret_cast<uint4*>(dst + k * stride) = make_uint4(w[0] ^ flip, w[1] ^ flip, w[2] ^ flip, w[3] ^ flip);
     }
   }
   fence_proxy_async();
