@@ -44,17 +44,18 @@ __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit)
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
 }
 
-// The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
-// stage's shared address; b: B's. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
-template <Mode M, int KS, int R>
-__device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
+// The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a16: the tile's
+// first A row in the stage, b16: B, both shared addresses in 16-byte units (smem_desc16); every other offset is a
+// compile-time constant. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
+template <Mode M, int KS, int R, int KSTEP>
+__device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a16, uint32_t b16) {
   using L = Layout<M, KS>;
   constexpr Run r = run(R);
   constexpr int sd = r.shift >> 2, sh = (r.shift >> 1) & 1, sw = r.shift & 1;
-  const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
-  const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
-  wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
-                                 (r.shift == 0 && ks == 0) ? 0 : 1);
+  constexpr uint32_t a_off = (sd * L::kPlaneBytes + 2 * KSTEP * L::kChunkBytes + (sh * kHaloW + sw) * 16) / 16;
+  constexpr uint32_t b_off = run_col0(R) * L::kChunks + 2 * KSTEP * run_cols(R);
+  wgmma_run<M, r.slot0, r.slots>(acc, smem_desc16<L::kChunkBytes, kHaloW * 16>(a16 + a_off),
+                                 smem_desc16<run_cols(R) * 16, 128>(b16 + b_off), (r.shift == 0 && KSTEP == 0) ? 0 : 1);
 }
 
 // The order a tile's wgmma are issued in: entry e = run * KS + k-step. Each accumulator segment (geometry.cuh) keeps
@@ -85,14 +86,15 @@ __host__ __device__ constexpr int issue_entry(int i) {
 }
 
 template <Mode M, int KS, int... I>
-__device__ __forceinline__ void issue_entries(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt,
+__device__ __forceinline__ void issue_entries(float (&acc)[8][16], uint32_t a16, uint32_t b16,
                                               std::integer_sequence<int, I...>) {
-  (issue_run<M, KS, issue_entry<KS>(I) / KS>(acc, a_stage, b, mt, issue_entry<KS>(I) % KS), ...);
+  (issue_run<M, KS, issue_entry<KS>(I) / KS, issue_entry<KS>(I) % KS>(acc, a16, b16), ...);
 }
 
+// a_stage, b: shared addresses (16-byte aligned); mt: the tile (8 pooled columns each).
 template <Mode M, int KS>
 __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
-  issue_entries<M, KS>(acc, a_stage, b, mt, std::make_integer_sequence<int, kRuns * KS>{});
+  issue_entries<M, KS>(acc, (a_stage >> 4) + 8 * mt, b >> 4, std::make_integer_sequence<int, kRuns * KS>{});
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
