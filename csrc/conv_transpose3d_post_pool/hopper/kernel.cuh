@@ -24,8 +24,10 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Registers per thread of each role: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the producer holds a
-// batch of 16-byte loads in flight; the consumers' 128 accumulators and the epilogue fit 208).
+// Registers per thread of each role in the training form: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the
+// producer holds a batch of 16-byte loads in flight; the consumers' 128 accumulators and the training epilogue use
+// ~205). The inference form's consumers fit the launch's 168 (SASS: 166), so there no registers move and the
+// producer keeps 168: a whole unit's loads in one batch (stage_unit's WIDE).
 constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
   const int wg = tid / 128;
   if (wg == 0) {
-    release_registers<kProducerRegs>();
+    if constexpr (TRAIN) release_registers<kProducerRegs>();
     for (int64_t k = 0;; ++k) {
       const int64_t unit = blockIdx.x + k * gridDim.x;
       if (unit >= p.n_tiles) break;
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (!CAST && p.w_bulk && k == RawWeights<M, KS>::kFirstStage) mbar_wait(raw_free, 0);
       if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
-        stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+        stage_unit<M, KS, CAST, !TRAIN>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
       }
       if (tid == 0) trace_mark(p, producer_slot(k, 2));
       mbar_arrive(&full[stage]);
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   if (tid == 128 && p.w_bulk) mbar_arrive(raw_free);
-  claim_registers<kConsumerRegs>();
+  if constexpr (TRAIN) claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;

@@ -370,13 +370,15 @@ __device__ __forceinline__ void stage_last_column(const Params& p, uint8_t* stag
 // one 16-byte chunk per position (the transpose is only register naming for float32, byte permutes for 16-bit).
 // Consecutive threads take consecutive blocks of a row (coalesced). The halo's last column (position kTW of each
 // row) is staged by scalar loads.
-template <Mode M, int KS>
+template <Mode M, int KS, bool WIDE>
 __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   using L = Layout<M, KS>;
   constexpr int E = L::kChunkElems;       // channels per chunk = positions per block
   constexpr int kRowBlocks = kTW / E;     // blocks per row
   constexpr int kBlocks = 2 * L::kChunks * kHaloH * kRowBlocks;
-  constexpr int kBatch = ModeTraits<M>::kHalf ? 1 : 2;
+  // WIDE (the producer keeps the launch's registers): every block of the thread in one batch of loads, one round
+  // trip per unit; else batches that fit its 88 registers.
+  constexpr int kBatch = WIDE ? (kBlocks + 127) / 128 : ModeTraits<M>::kHalf ? 1 : 2;
   const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
   for (int base = ptid; base < kBlocks; base += 128 * kBatch) {
     uint4 v[kBatch][E];
@@ -476,15 +478,15 @@ __device__ void stage_unit_rows_cast(const Params& p, uint8_t* stage, const Tile
 }
 
 // One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
-// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127). Fenced for the
-// tensor cores' reads.
-template <Mode M, int KS, bool CAST>
+// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127); WIDE: it has the
+// launch's 168 registers (kernel.cuh). Fenced for the tensor cores' reads.
+template <Mode M, int KS, bool CAST, bool WIDE>
 __device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   if (p.x_rows16) {
     if constexpr (CAST) {
       stage_unit_rows_cast<M, KS>(p, stage, u, ptid);
     } else {
-      stage_unit_rows<M, KS>(p, stage, u, ptid);
+      stage_unit_rows<M, KS, WIDE>(p, stage, u, ptid);
     }
   } else {
     stage_unit_scalar<M, KS, CAST>(p, stage, u, ptid);
