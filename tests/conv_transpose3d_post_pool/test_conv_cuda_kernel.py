@@ -335,7 +335,7 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("cin,cout,shape,op", [(16, 32, (2, 6, 9, 37), (1, 0, 1)), (3, 5, (1, 4, 17, 8), (0, 1, 1)),
-                                               (9, 33, (3, 3, 8, 40), (1, 1, 0))])
+                                               (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1))])
 def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
     """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within), so on random data
     they agree bit for bit: outputs, selected values and offsets, with NaN where both have NaN."""
@@ -362,3 +362,48 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
             _C._conv_forward_kernel(prev)
     for a, ref in zip(*outs):
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])
+@pytest.mark.parametrize("train", [False, True])
+def test_wgmma_weight_layouts(forward_kernel, prec, train, tf32_setting):
+    """The sm_90a kernel copies a contiguous, 16-byte aligned weight's rows whole (Cout x 27 elements a multiple of
+    16 bytes; here 40 channels: a second channel block of 8) and gathers any other weight element by element: the
+    same weight values as a contiguous tensor, a channel slice of a wider one and a contiguous view 4 bytes off
+    alignment give the mma.sync kernel's outputs, selected values and offsets bit for bit, negative multipliers
+    and a non-finite weight included."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(True)
+    dt = torch.float32 if prec == "tf32" else torch.bfloat16
+    cin, cout = 7, 40
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(2, cin, 4, 9, 33, device="cuda", generator=g).to(dt)
+    w0 = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    w0[2, 37, 1, 0, 2] = float("inf")
+    b = torch.randn(cout, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
+    m = m if prec == "mixed" else m.to(dt)
+    wide = torch.zeros(cin, cout + 3, 3, 3, 3, device="cuda", dtype=dt)
+    wide[:, :cout] = w0
+    flat = torch.zeros(w0.numel() + 8, device="cuda", dtype=dt)
+    off = 4 // w0.element_size()
+    flat[off:off + w0.numel()] = w0.flatten()
+    layouts = {"contiguous": w0.contiguous(), "channel slice": wide[:, :cout],
+               "misaligned": flat[off:off + w0.numel()].view(w0.shape)}
+    assert layouts["misaligned"].data_ptr() % 16 != 0 and not layouts["channel slice"].is_contiguous()
+    prev = _C._conv_forward_kernel(1)
+    try:
+        ref = fused(x, w0, b, m, 0.2, 0.3, (1, 1, 1), train)
+    finally:
+        _C._conv_forward_kernel(prev)
+    for name, w in layouts.items():
+        prev = _C._conv_forward_kernel(2)
+        try:
+            got = fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train)
+        finally:
+            _C._conv_forward_kernel(prev)
+        for a, r in zip(got, ref):
+            torch.testing.assert_close(a, r, rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{name}: {s}")

@@ -94,11 +94,12 @@ struct Layout {
   static constexpr int kBBytes = kCols * kChunks * 16;
   static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
-  static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8;  // + up to 8 stages' mbarriers
+  // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
+  static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
   static constexpr int kStages = (kSmemBudget - kFixed) / kStageBytes >= 4 ? 4 : (kSmemBudget - kFixed) / kStageBytes;
   static_assert(kStages >= 2, "the instantiation does not fit two stages");
   static constexpr size_t kSmem =
-      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * kStages + kTapTableBytes;
+      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * (kStages + 1) + kTapTableBytes;
 };
 
 }  // namespace hopper

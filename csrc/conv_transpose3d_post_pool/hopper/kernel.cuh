@@ -24,8 +24,10 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Registers per thread of each role: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the producer holds a
-// batch of 16-byte loads in flight; the consumers' 128 accumulators and the epilogue fit 208).
+// Registers per thread of each role in the training form: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the
+// producer holds a batch of 16-byte loads in flight; the consumers' 128 accumulators and the training epilogue use
+// ~205). The inference form's consumers fit the launch's 168 (SASS: 166), so there no registers move and the
+// producer keeps 168: a whole unit's loads in one batch (stage_unit's WIDE).
 constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 
@@ -44,17 +46,18 @@ __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit)
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
 }
 
-// The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a_stage: the
-// stage's shared address; b: B's. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
-template <Mode M, int KS, int R>
-__device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt, int ks) {
+// The products of one m64 tile: every run's wgmma for every k-step, into the slots' accumulators. a16: the tile's
+// first A row in the stage, b16: B, both shared addresses in 16-byte units (smem_desc16); every other offset is a
+// compile-time constant. Shift 0's runs at k-step 0 overwrite (together they feed every slot once).
+template <Mode M, int KS, int R, int KSTEP>
+__device__ __forceinline__ void issue_run(float (&acc)[8][16], uint32_t a16, uint32_t b16) {
   using L = Layout<M, KS>;
   constexpr Run r = run(R);
   constexpr int sd = r.shift >> 2, sh = (r.shift >> 1) & 1, sw = r.shift & 1;
-  const uint32_t a = a_stage + sd * L::kPlaneBytes + 2 * ks * L::kChunkBytes + (sh * kHaloW + 8 * mt + sw) * 16;
-  const uint32_t bb = b + (run_col0(R) * L::kChunks + 2 * ks * run_cols(R)) * 16;
-  wgmma_run<M, r.slot0, r.slots>(acc, smem_desc(a, L::kChunkBytes, kHaloW * 16), smem_desc(bb, run_cols(R) * 16, 128),
-                                 (r.shift == 0 && ks == 0) ? 0 : 1);
+  constexpr uint32_t a_off = (sd * L::kPlaneBytes + 2 * KSTEP * L::kChunkBytes + (sh * kHaloW + sw) * 16) / 16;
+  constexpr uint32_t b_off = run_col0(R) * L::kChunks + 2 * KSTEP * run_cols(R);
+  wgmma_run<M, r.slot0, r.slots>(acc, smem_desc16<L::kChunkBytes, kHaloW * 16>(a16 + a_off),
+                                 smem_desc16<run_cols(R) * 16, 128>(b16 + b_off), (r.shift == 0 && KSTEP == 0) ? 0 : 1);
 }
 
 // The order a tile's wgmma are issued in: entry e = run * KS + k-step. Each accumulator segment (geometry.cuh) keeps
@@ -85,14 +88,15 @@ __host__ __device__ constexpr int issue_entry(int i) {
 }
 
 template <Mode M, int KS, int... I>
-__device__ __forceinline__ void issue_entries(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt,
+__device__ __forceinline__ void issue_entries(float (&acc)[8][16], uint32_t a16, uint32_t b16,
                                               std::integer_sequence<int, I...>) {
-  (issue_run<M, KS, issue_entry<KS>(I) / KS>(acc, a_stage, b, mt, issue_entry<KS>(I) % KS), ...);
+  (issue_run<M, KS, issue_entry<KS>(I) / KS, issue_entry<KS>(I) % KS>(acc, a16, b16), ...);
 }
 
+// a_stage, b: shared addresses (16-byte aligned); mt: the tile (8 pooled columns each).
 template <Mode M, int KS>
 __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
-  issue_entries<M, KS>(acc, a_stage, b, mt, std::make_integer_sequence<int, kRuns * KS>{});
+  issue_entries<M, KS>(acc, (a_stage >> 4) + 8 * mt, b >> 4, std::make_integer_sequence<int, kRuns * KS>{});
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
@@ -107,7 +111,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   float* const sBias = sMult + kCoBlock;
   uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
   uint64_t* const empty = full + L::kStages;
-  int* const tap_table = reinterpret_cast<int*>(empty + L::kStages);
+  uint64_t* const landed = empty + L::kStages;  // the weights' bulk copies (stage_weights_bulk)
+  uint64_t* const raw_free = landed + 1;         // the consumers are done with the raw weights
+  int* const tap_table = reinterpret_cast<int*>(raw_free + 1);
 
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
@@ -129,6 +135,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       mbar_init(&full[s], 128);
       mbar_init(&empty[s], 128);
     }
+    mbar_init(landed, 1);
+    mbar_init(raw_free, 1);
+    mbar_init_fence();
   }
   const bool any_breaks = __syncthreads_or(breaks_monotone);
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
@@ -138,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
   const int wg = tid / 128;
   if (wg == 0) {
-    release_registers<kProducerRegs>();
+    if constexpr (TRAIN) release_registers<kProducerRegs>();
     for (int64_t k = 0;; ++k) {
       const int64_t unit = blockIdx.x + k * gridDim.x;
       if (unit >= p.n_tiles) break;
@@ -146,9 +155,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
+      // The ring's last stages held the raw weights until the consumers built B from them.
+      if (!CAST && p.w_bulk && k == RawWeights<M, KS>::kFirstStage) mbar_wait(raw_free, 0);
       if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
-        stage_unit<M, KS, CAST>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+        stage_unit<M, KS, CAST, !TRAIN>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
       }
       if (tid == 0) trace_mark(p, producer_slot(k, 2));
       mbar_arrive(&full[stage]);
@@ -157,9 +168,17 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     return;
   }
 
-  const bool w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  bool w_nonfinite;
+  if constexpr (!CAST) {
+    w_nonfinite = p.w_bulk ? stage_weights_bulk<M, KS>(p, sB, sStages + RawWeights<M, KS>::kFirstStage * L::kStageBytes,
+                                                       landed, tap_table, co0, sMult, !exact, tid - 128)
+                           : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  } else {
+    w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+  }
   const bool fix_edges = consumers_sync_or(w_nonfinite);
-  claim_registers<kConsumerRegs>();
+  if (tid == 128 && p.w_bulk) mbar_arrive(raw_free);
+  if constexpr (TRAIN) claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
@@ -250,6 +269,12 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   const int e = 16 / Source<M, CAST>::kElemBytes;
   p.x_rows16 = p.sx[4] == 1 && p.sx[0] % e == 0 && p.sx[1] % e == 0 && p.sx[2] % e == 0 && p.sx[3] % e == 0 &&
                p.W % e == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  // The block's weight rows by bulk copies: the weight contiguous ([Cin][Cout][3][3][3]) and every block's rows
+  // 16-byte aligned (a block's first channel is a multiple of 32, so its rows start on 16 bytes when the weight does
+  // and Cout x 27 elements are whole 16 bytes).
+  const int64_t ew = Source<M, CAST>::kElemBytes;
+  p.w_bulk = !CAST && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
+             (27 * int64_t{p.Cout} * ew) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;

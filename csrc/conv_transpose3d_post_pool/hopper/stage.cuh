@@ -12,6 +12,7 @@
 #include "conv_transpose3d_post_pool/hopper/sync.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fused {
 namespace conv_transpose3d_post_pool {
@@ -209,6 +210,99 @@ __device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table,
   return nonfinite;
 }
 
+// Where the bulk path (stage_weights_bulk) lands the block's raw weights: one row per input channel (the block's
+// 32 channels x 27 taps in the weight's own order and dtype), in the stage ring's last stages, which the producer
+// fills only after the consumers have read them (its first unit there waits on the consumers' `raw_free`).
+template <Mode M, int KS>
+struct RawWeights {
+  using L = Layout<M, KS>;
+  static constexpr int kRowBytes = kCoBlock * 27 * static_cast<int>(sizeof(typename ModeTraits<M>::io_t));
+  static constexpr int kBytes = L::kChunks * L::kChunkElems * kRowBytes;  // B's input channels, every row
+  static constexpr int kStages = (kBytes + L::kStageBytes - 1) / L::kStageBytes;
+  static constexpr int kFirstStage = L::kStages - kStages;
+  static_assert(kFirstStage >= 2, "the raw weights would take a stage of the first two units");
+};
+
+// stage_weights_tf32's B (the gather's layout, bit for bit) from rows copied whole, for a contiguous weight whose
+// rows are 16-byte aligned (p.w_bulk; not the CAST forms, whose float32 rows would take the second unit's stage):
+// one thread sends one bulk copy per input channel, each block starting at another row (all blocks read the same
+// weights; in the same order they would ask the same L2 slices for the same lines at once), and every thread then
+// builds its (channel, tap) pairs' chunks from shared memory through the per-tap table of B offsets. The element
+// loads this replaces took several round trips per thread (ptxas placed each value's rounding and check between
+// later loads); the trace had the consumers waiting ~9 us (TF32) / ~10 (bf16) for their weights.
+template <Mode M, int KS>
+__device__ bool stage_weights_bulk(const Params& p, uint8_t* sB, uint8_t* raw, uint64_t* landed, int* tap_table,
+                                   int co0, const float* sMult, bool negate, int ctid) {
+  using L = Layout<M, KS>;
+  using R = RawWeights<M, KS>;
+  using raw_t = std::conditional_t<ModeTraits<M>::kHalf, unsigned short, float>;
+  constexpr int kE = static_cast<int>(sizeof(raw_t));
+  constexpr int kStagers = 128 * kConsumers;
+  constexpr int kElems = L::kChunkElems;
+  const int cols = p.Cout - co0 < kCoBlock ? p.Cout - co0 : kCoBlock;
+  if (ctid == 0) {
+    const uint32_t row = static_cast<uint32_t>(cols) * 27 * kE;
+    mbar_arrive_expect_tx(landed, row * static_cast<uint32_t>(p.Cin));
+    const uint8_t* src = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(co0) * 27 * kE;
+    const int first = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.Cin));
+    for (int k = 0; k < p.Cin; ++k) {
+      const int ci = k + first < p.Cin ? k + first : k + first - p.Cin;
+      bulk_copy_to_shared(raw + ci * R::kRowBytes, src + ci * p.sw[0] * kE, row, landed);
+    }
+  }
+  // The places of channels past Cout stay zero (every real pair writes all of its chunks, zeros past Cin included).
+  if (cols < kCoBlock) {
+    for (int i = ctid; i < L::kBBytes / 16; i += kStagers) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (ctid < 27) {
+    int stride;
+    tap_table[2 * ctid] = tap_offset<M, KS>(ctid, stride);
+    tap_table[2 * ctid + 1] = stride;
+  }
+  consumers_sync();
+  mbar_wait(landed, 0);
+  const raw_t* const rw = reinterpret_cast<const raw_t*>(raw);
+  const uint32_t flip_word = ModeTraits<M>::kHalf ? 0x80008000u : 0x80000000u;
+  bool nonfinite = false;
+  for (int r = ctid; r < cols * 27; r += kStagers) {
+    const int c = r / 27, tap = r - c * 27;
+    uint8_t* const dst = sB + tap_table[2 * tap] + c * 16;
+    const int stride = tap_table[2 * tap + 1];
+    const uint32_t flip = negate && sMult[c] < 0.f ? flip_word : 0u;
+#pragma unroll
+    for (int k = 0; k < L::kChunks; ++k) {
+      uint32_t e[kElems];
+#pragma unroll
+      for (int i = 0; i < kElems; ++i) {
+        const int ci = k * kElems + i;
+        // Consecutive threads read consecutive elements of one row: no bank conflicts.
+        const raw_t v = rw[(ci < p.Cin ? ci : 0) * (kCoBlock * 27) + r];
+        uint32_t bits;
+        if constexpr (ModeTraits<M>::kHalf) {
+          bits = v;
+        } else {
+          bits = tf32_round(v);
+        }
+        e[i] = ci < p.Cin ? bits : 0u;
+      }
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (ModeTraits<M>::kHalf) {
+          w[i] = e[2 * i] | (e[2 * i + 1] << 16);
+          nonfinite |= !finite_bits16(e[2 * i], M == Mode::kBF16) || !finite_bits16(e[2 * i + 1], M == Mode::kBF16);
+        } else {
+          w[i] = e[i];
+          nonfinite |= !(fabsf(__uint_as_float(e[i])) < __int_as_float(0x7f800000));
+        }
+      }
+      *reinterpret_cast<uint4*>(dst + k * stride) = make_uint4(w[0] ^ flip, w[1] ^ flip, w[2] ^ flip, w[3] ^ flip);
+    }
+  }
+  fence_proxy_async();
+  return nonfinite;
+}
+
 // The block's B (stage_weights_gather's layout) staged by the consumer warpgroups (ctid 0 .. 255): TF32 in address
 // order, 16-bit by the gather (their weights stay in L1). Returns whether this thread saw a non-finite weight.
 template <Mode M, int KS, bool CAST>
@@ -276,13 +370,15 @@ __device__ __forceinline__ void stage_last_column(const Params& p, uint8_t* stag
 // one 16-byte chunk per position (the transpose is only register naming for float32, byte permutes for 16-bit).
 // Consecutive threads take consecutive blocks of a row (coalesced). The halo's last column (position kTW of each
 // row) is staged by scalar loads.
-template <Mode M, int KS>
+template <Mode M, int KS, bool WIDE>
 __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   using L = Layout<M, KS>;
   constexpr int E = L::kChunkElems;       // channels per chunk = positions per block
   constexpr int kRowBlocks = kTW / E;     // blocks per row
   constexpr int kBlocks = 2 * L::kChunks * kHaloH * kRowBlocks;
-  constexpr int kBatch = ModeTraits<M>::kHalf ? 1 : 2;
+  // WIDE (the producer keeps the launch's registers): every block of the thread in one batch of loads, one round
+  // trip per unit; else batches that fit its 88 registers.
+  constexpr int kBatch = WIDE ? (kBlocks + 127) / 128 : ModeTraits<M>::kHalf ? 1 : 2;
   const int64_t nbase = static_cast<int64_t>(u.n) * p.sx[0];
   for (int base = ptid; base < kBlocks; base += 128 * kBatch) {
     uint4 v[kBatch][E];
@@ -382,15 +478,15 @@ __device__ void stage_unit_rows_cast(const Params& p, uint8_t* stage, const Tile
 }
 
 // One unit's input into a stage: planes d and d + 1 of rows qh0 .. qh0 + kTH and columns qw0 .. qw0 + kTW, as
-// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127). Fenced for the
-// tensor cores' reads.
-template <Mode M, int KS, bool CAST>
+// [plane][chunk][position][16 bytes], zero outside the input. ptid: the producer thread (0..127); WIDE: it has the
+// launch's 168 registers (kernel.cuh). Fenced for the tensor cores' reads.
+template <Mode M, int KS, bool CAST, bool WIDE>
 __device__ void stage_unit(const Params& p, uint8_t* stage, const TileOrigin& u, int ptid) {
   if (p.x_rows16) {
     if constexpr (CAST) {
       stage_unit_rows_cast<M, KS>(p, stage, u, ptid);
     } else {
-      stage_unit_rows<M, KS>(p, stage, u, ptid);
+      stage_unit_rows<M, KS, WIDE>(p, stage, u, ptid);
     }
   } else {
     stage_unit_scalar<M, KS, CAST>(p, stage, u, ptid);

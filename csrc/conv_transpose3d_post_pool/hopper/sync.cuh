@@ -27,6 +27,15 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32);
 }
 
+// The same descriptor from an address already in 16-byte units (below 2^14, so that adding to it never carries into
+// the stride fields) and compile-time strides: the issue path then spends one add per operand on it, where
+// smem_desc's shifts and masks took ~6 instructions per operand before each wgmma.
+template <uint32_t kLbo, uint32_t kSbo>
+__device__ __forceinline__ uint64_t smem_desc16(uint32_t addr16) {
+  static_assert(kLbo % 16 == 0 && kSbo % 16 == 0 && kLbo < (1u << 18) && kSbo < (1u << 18), "strides in 16-byte units");
+  return static_cast<uint64_t>(addr16 + ((kLbo >> 4) << 16)) | (static_cast<uint64_t>(kSbo >> 4) << 32);
+}
+
 // Orders this warpgroup's register accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(FUSED_WGMMA_ENABLED)
@@ -65,6 +74,30 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(FUSED_WGMMA_ENABLED)
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// Makes this thread's mbarrier initialisations visible to the bulk copy engine, which completes on them.
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives on the barrier and expects `bytes` of bulk copies to complete on it in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the bulk copy engine,
+// completing on `bar`.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
 #endif
 }
 // Waits for the completion of the barrier's phase of this parity.
