@@ -29,6 +29,58 @@
 namespace fused {
 namespace conv_transpose3d_post_pool {
 
+// One k-step of strict float32: acc += a x b from the TF32 split of both operands, three products per pair (small
+// first; lo x lo, ~2^-22 relative, is dropped). SAFE: every word below 2^127 in magnitude (tf32_split_finite, cross =
+// hi; bit for bit the products of tf32_split). The three products go into a fresh accumulator that is then added
+// with an IEEE float add: the tensor cores' own accumulation is not rounded to nearest (it truncates), and chained
+// over every k-step and tap of a long sum that alone made the error grow with Cin, to 17-27x cuDNN float32's at
+// Cin 33-64. One row tile at a time, its A split there (registers: the fresh accumulator for every row tile at once
+// made the two-row-tile forms spill up to 2 KB); the column tiles interleave so that consecutive mma are independent.
+template <Mode M, int MT, bool SAFE>
+__device__ __forceinline__ void strict_step(float (&acc)[MT][kNT][4], const uint32_t (&a)[MT][4],
+                                            const uint32_t (&b)[kNT][2]) {
+  uint32_t bh[kNT][2], bl[kNT][2], bc[kNT][2];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (SAFE) {
+        tf32_split_finite(b[nt][r], bh[nt][r], bl[nt][r]);
+        bc[nt][r] = bh[nt][r];
+      } else {
+        tf32_split(b[nt][r], bh[nt][r], bl[nt][r], bc[nt][r]);
+      }
+    }
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    uint32_t ah[4], al[4], ac[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if constexpr (SAFE) {
+        tf32_split_finite(a[i][r], ah[r], al[r]);
+        ac[r] = ah[r];
+      } else {
+        tf32_split(a[i][r], ah[r], al[r], ac[r]);
+      }
+    }
+    float part[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], al, bc[nt][0], bc[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ac, bl[nt][0], bl[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ah, bh[nt][0], bh[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
+  }
+}
+
 // acc += the phase's products over the staged chunk. Everything but the thread's base addresses is a
 // compile-time constant once the phase loop is unrolled, so every shared-memory load has an immediate offset.
 // SAFE (strict float32): every staged word of both operands is below 2^127 in magnitude, so the splits skip
@@ -62,57 +114,8 @@ __device__ __forceinline__ void phase_product(float (&acc)[MT][kNT][4], const ui
           const uint4 b01 = *reinterpret_cast<const uint4*>(b_ptr + ks * 256);
           const uint4 b23 = *reinterpret_cast<const uint4*>(b_ptr + ks * 256 + 128);
           const uint32_t b[kNT][2] = {{b01.x, b01.y}, {b01.z, b01.w}, {b23.x, b23.y}, {b23.z, b23.w}};
-          if constexpr (M == Mode::kStrict && SAFE) {
-            uint32_t ah[MT][4], al[MT][4], bh[kNT][2], bl[kNT][2];
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-#pragma unroll
-              for (int r = 0; r < 4; ++r) tf32_split_finite(a[i][r], ah[i][r], al[i][r]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              tf32_split_finite(b[nt][0], bh[nt][0], bl[nt][0]);
-              tf32_split_finite(b[nt][1], bh[nt][1], bl[nt][1]);
-            }
-            // The same products in the same order as below, with cross = hi; interleaved over the tiles so that
-            // consecutive mma are independent (each accumulator still takes its three products in order).
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], al[i], bh[nt][0], bh[nt][1]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bl[nt][0], bl[nt][1]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
-          } else if constexpr (M == Mode::kStrict) {
-            uint32_t ah[MT][4], al[MT][4], ac[MT][4], bh[kNT][2], bl[kNT][2], bc[kNT][2];
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-#pragma unroll
-              for (int r = 0; r < 4; ++r) tf32_split(a[i][r], ah[i][r], al[i][r], ac[i][r]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              tf32_split(b[nt][0], bh[nt][0], bl[nt][0], bc[nt][0]);
-              tf32_split(b[nt][1], bh[nt][1], bl[nt][1], bc[nt][1]);
-            }
-            // Small products first; lo x lo (~2^-22 relative) is dropped. Interleaved as above.
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], al[i], bc[nt][0], bc[nt][1]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ac[i], bl[nt][0], bl[nt][1]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) mma<M>(acc[i][nt], ah[i], bh[nt][0], bh[nt][1]);
+          if constexpr (M == Mode::kStrict) {
+            strict_step<M, MT, SAFE>(acc, a, b);
           } else {
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
