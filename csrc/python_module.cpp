@@ -193,6 +193,16 @@ PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
   return PyLong_FromLong(previous);
 }
 
+// _conv_hopper_split(choice): how the sm_90a kernel hands out work (contract.h: 0 auto, 1 units, 2 halves), returning
+// the previous choice; with None, only returns it. For benchmarks comparing the two.
+PyObject* conv_hopper_split_py(PyObject* /*self*/, PyObject* arg) {
+  const int previous = static_cast<int>(conv_hopper_split_choice());
+  long v;
+  if (!switch_value(arg, 2, "_conv_hopper_split: 0 (auto), 1 (units) or 2 (halves)", v)) return nullptr;
+  if (v >= 0) conv_hopper_split_choice() = static_cast<ConvHopperSplit>(v);
+  return PyLong_FromLong(previous);
+}
+
 // _conv_hopper_ablation(bits): parts of the sm_90a kernel to leave out (ablation.h, ConvHopperAblation; its outputs
 // are then wrong), returning the previous bits; with None, only returns them. For benchmarks measuring where the
 // kernel's time goes.
@@ -238,6 +248,8 @@ PyMethodDef kMethods[] = {
      "fused::post_pool from the wrapper's plain arguments, or None"},
     {"_conv_forward_kernel", &conv_forward_kernel, METH_O,
      "sets the fused convolution's forward kernel (0 auto, 1 mma.sync, 2 wgmma) and returns the previous choice"},
+    {"_conv_hopper_split", &conv_hopper_split_py, METH_O,
+     "sets how the sm_90a kernel hands out work (0 auto, 1 units, 2 halves) and returns the previous choice"},
     {"_conv_hopper_ablation", &conv_hopper_ablation_py, METH_O,
      "leaves parts of the sm_90a kernel out (bits: 1 epilogue, 2 wgmma, 4 staging) for measurement; returns the "
      "previous bits"},

@@ -2,7 +2,7 @@
 accuracy against float64 beside cuDNN's, and device time, per precision and form.
 
     python benchmarks/conv_transpose3d_post_pool/hopper_forward.py [--batches 16,1] \
-        [--precisions tf32,bf16,fp16,mixed,autocast] [--once [--train]]
+        [--precisions tf32,bf16,fp16,mixed,autocast] [--split auto|units|halves] [--once [--train]]
 
 Both kernels run through the operator (torch.ops.fused), switched by torch_fused_ops._C._conv_forward_kernel (2: the
 sm_90a kernel wherever it can run, 1: mma.sync; the operators' own choice, 0, takes the faster of the two by size). *agree*: the fraction of outputs bit-equal between the kernels (the
@@ -10,6 +10,8 @@ summation order differs, so not all are); *rel L2*: against the float64 chain on
 own convolution in the same precision beside it. Device time: CUDA-graph replays, median. *autocast*: the mixed form
 on float32 operands through fused._conv_transpose3d_post_pool_cast (what torch.autocast's kernel calls): the sm_90a
 kernel rounds them as it loads them, the mma.sync column casts them first (three cast kernels), inference only.
+--split: how the sm_90a kernel hands out work (torch_fused_ops._C._conv_hopper_split): by units, by half units (one
+tile per consumer), or the launcher's choice (halves where there are fewer units than blocks).
 --once: two inference calls of the sm_90a kernel per precision at the first batch and nothing else, for Nsight Compute
 (`ncu -k regex:hopper --launch-skip 1 --launch-count 1 ...`; stall_ledger.py reads its source page); with --train, the
 training form's calls instead (autocast has none).
@@ -136,7 +138,9 @@ def main():
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--train", action="store_true", help="with --once: the training form")
+    ap.add_argument("--split", default="auto", choices=["auto", "units", "halves"])
     args = ap.parse_args()
+    _C._conv_hopper_split({"auto": 0, "units": 1, "halves": 2}[args.split])
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if args.once:
@@ -150,7 +154,7 @@ def main():
         return
     if args.ablate:
         return ablate(int(args.batches.split(",")[0]), args.precisions.split(","))
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; sm_90a work split: {args.split}")
     print("| batch | precision | form | wgmma us | mma.sync us | speed-up | bit-equal (out, sel, off) | rel L2 wgmma "
           "| mma.sync | cuDNN |")
     print("| ---: | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")

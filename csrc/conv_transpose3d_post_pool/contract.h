@@ -59,6 +59,12 @@ bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int
 enum class ConvForwardKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 ConvForwardKernel& conv_forward_kernel_choice();
 
+// How the sm_90a kernel hands out work, for benchmarks that compare the two (never set by the operators): kAuto
+// halves where there are fewer units than blocks (hopper/kernel.cuh, launch_hopper_one), kUnits a unit per consumer
+// at a time, kHalves half a unit per block at a time, one m64 tile per consumer.
+enum class ConvHopperSplit : int { kAuto = 0, kUnits = 1, kHalves = 2 };
+ConvHopperSplit& conv_hopper_split_choice();
+
 // Whether this build holds the sm_90a kernel (TORCH_CUDA_ARCH_LIST named 9.0a).
 bool conv_wgmma_kernel_built();
 

@@ -8,6 +8,11 @@ ConvForwardKernel& conv_forward_kernel_choice() {
   return choice;
 }
 
+ConvHopperSplit& conv_hopper_split_choice() {
+  static ConvHopperSplit choice = ConvHopperSplit::kAuto;
+  return choice;
+}
+
 uint32_t& conv_hopper_ablation() {
   static uint32_t bits = 0;
   return bits;

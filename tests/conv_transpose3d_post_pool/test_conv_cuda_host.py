@@ -86,6 +86,25 @@ def test_forward_kernel_switch():
     assert _C._conv_forward_kernel(None) == start
 
 
+def test_hopper_split_switch():
+    """The benchmarks' switch for how the sm_90a kernel hands out work: auto (0) unless a benchmark sets it, returns
+    the previous choice, None only reads it, anything but 0, 1 or 2 raises and changes nothing."""
+    from torch_fused_ops import _C
+
+    start = _C._conv_hopper_split(None)
+    assert start == 0
+    try:
+        assert _C._conv_hopper_split(2) == 0
+        assert _C._conv_hopper_split(1) == 2
+        for bad in (-1, 3):
+            with pytest.raises(ValueError, match="halves"):
+                _C._conv_hopper_split(bad)
+        assert _C._conv_hopper_split(None) == 1
+    finally:
+        _C._conv_hopper_split(start)
+    assert _C._conv_hopper_split(None) == 0
+
+
 def test_hopper_ablation_switch():
     """The measurement switch that leaves parts of the sm_90a kernel out: off (0) unless a benchmark sets it, anything
     outside 0..7 raises ValueError and changes nothing; a product build (no TORCH_FUSED_OPS_HOPPER_ABLATION) refuses

@@ -310,7 +310,7 @@ def test_cuda_graph_replay_and_no_sync(tf32_setting):
 @pytest.mark.parametrize("batch", [1, 16])
 def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
     """The switch picks the kernel it names: wgmma forced runs the sm_90a kernel at any size; auto runs it at the
-    KernelBench size (batch 16) and the mma.sync kernel at batch 1; strict float32 always runs mma.sync."""
+    KernelBench size, batch 16 and batch 1 (there by half units); strict float32 always runs mma.sync."""
     if not _wgmma_available():
         pytest.skip("the sm_90a kernel needs a build for 9.0a and a compute capability 9.0 GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -327,8 +327,7 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 
     names = kernels(True)
     assert names, "no fused kernel ran"
-    expect_wgmma = forward_kernel == "wgmma" or batch == 16
-    assert all(("hopper" in n) == expect_wgmma for n in names), names
+    assert all("hopper" in n for n in names), names
     assert not any("hopper" in n for n in kernels(False)), "strict float32 has no wgmma form"
 
 
@@ -360,6 +359,43 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
             outs.append(fused(x, w, b, m, 0.2, 0.2, op, train))
         finally:
             _C._conv_forward_kernel(prev)
+    for a, ref in zip(*outs):
+        torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("split", ["units", "halves"])
+@pytest.mark.parametrize("shape", [(1, 4, 9, 33), (3, 10, 20, 70)], ids=["few_units", "many_units"])
+def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_setting):
+    """The sm_90a kernel hands out work by units (a consumer computes a unit's 4 tiles) or by half units (both
+    consumers on each, one tile each; auto's choice with fewer units than blocks): either way, with few units per
+    block or many (the stage ring wrapping), the mma.sync kernel's outputs, selected values and offsets bit for bit,
+    with an infinite input and an infinite weight (whose far-edge outputs are recomputed per stored tile)."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(True)
+    dt = torch.float32 if prec == "tf32" else torch.bfloat16
+    cin, cout = 5, 40
+    n, d, h, w_ = shape
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(n, cin, d, h, w_, device="cuda", generator=g).to(dt)
+    x[0, 1, 2, 3, 4] = float("inf")
+    w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    w[3, 35, 2, 1, 2] = float("-inf")
+    b = torch.randn(cout, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
+    m = m if prec == "mixed" else m.to(dt)
+    outs = []
+    for choice, split_choice in ((2, {"units": 1, "halves": 2}[split]), (1, 0)):
+        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
+        finally:
+            _C._conv_forward_kernel(prev)
+            _C._conv_hopper_split(prev_split)
     for a, ref in zip(*outs):
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 

@@ -75,11 +75,12 @@ int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(devi
 // Whether the sm_90a kernel runs: built for sm_90a (setup.py defines FUSED_SM90A then), a compute capability 9.0
 // GPU (sm_90a machine code runs on no other), TF32 or 16-bit operands (strict float32 keeps the mma.sync kernel's
 // three-product split), at most 16 input channels (its resident weights), and not switched off. Left to itself
-// (kAuto) only where it measured faster than the mma.sync kernel on an H200 (docs/performance.md,
-// benchmarks/conv_transpose3d_post_pool/hopper_forward.py): at least 4 units per multiprocessor (a unit is one pooled
-// plane of 8 x 32 positions: batch 16 at the KernelBench size has 7.75, batch 1 has 0.5 and ran 1.3-1.9x slower).
-// At batch 16 every form measured 1.3-1.7x faster, the mixed training form included.
-bool hopper_applies(Mode mode, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
+// (kAuto) where it measured faster than the mma.sync kernel on an H200 (docs/performance.md,
+// benchmarks/conv_transpose3d_post_pool/hopper_forward.py): every form at batch 16 (7.75 units per multiprocessor;
+// a unit is one pooled plane of 8 x 32 positions) and at batch 1 (0.5 units per multiprocessor, the kernel then
+// handing out half units), but for the mixed training form below 4 units per multiprocessor (batch 1: 20.6 against
+// 18.6 us).
+bool hopper_applies(Mode mode, bool mixed, bool train, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
                     int64_t Cout, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
@@ -87,11 +88,13 @@ bool hopper_applies(Mode mode, int64_t N, int64_t PD, int64_t PH, int64_t PW, in
       compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
     return false;
   }
-  if (choice == ConvForwardKernel::kWgmma) return true;
+  if (choice == ConvForwardKernel::kWgmma || !(mixed && train)) return true;
   const int64_t units = N * PD * ceil_div(PH, hopper::kTH) * ceil_div(PW, hopper::kTW) * ceil_div(Cout, hopper::kCoBlock);
   return units >= 4 * static_cast<int64_t>(multiprocessor_count(device));
 #else
   (void)mode;
+  (void)mixed;
+  (void)train;
   (void)N;
   (void)PD;
   (void)PH;
@@ -116,7 +119,7 @@ bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const
                                                      const at::Tensor& weight, std::array<int64_t, 3> output_padding) {
   using namespace conv_transpose3d_post_pool;
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  return hopper_applies(mode_of(dtype, true), input.size(0),
+  return hopper_applies(mode_of(dtype, true), /*mixed=*/true, /*train=*/false, input.size(0),
                         input.size(2) - 1 + output_padding[0], input.size(3) - 1 + output_padding[1],
                         input.size(4) - 1 + output_padding[2], input.size(1), weight.size(1), input.get_device());
 }
@@ -198,6 +201,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.s2 = static_cast<float>(negative_slope2);
   p.unit_slopes = p.s1 > 0.f && p.s1 <= 1.f && p.s2 > 0.f && p.s2 <= 1.f;
   p.ablate = conv_hopper_ablation();
+  p.split_choice = static_cast<int>(conv_hopper_split_choice());
   p.trace = reinterpret_cast<long long*>(conv_hopper_trace());
   p.x_channels_last = Cin > 1 && input.stride(1) == 1;
 
@@ -230,7 +234,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  const bool hopper = hopper_applies(mode, N, PD, PH, PW, Cin, Cout, device);
+  const bool hopper = hopper_applies(mode, mixed, train, N, PD, PH, PW, Cin, Cout, device);
   if (cast) {
     // Only where conv_transpose3d_post_pool_cuda_rounds_operands said so.
     TORCH_INTERNAL_ASSERT(hopper && mixed && !train);

@@ -5,10 +5,12 @@
 // consume alternate units of the block (wgmma from the stage and the block's resident weights, then the epilogue,
 // releasing the stage through `empty` as soon as the unit's last products are done). The consumers stage the block's
 // weights while the producer stages its first units. Blocks are persistent: block b takes units b, b + gridDim.x, ...
-// of its 32 output channels (blockIdx.y).
+// of its 32 output channels (blockIdx.y). With p.halves (fewer units than blocks), the block's items are half units
+// instead (item i: unit i / 2, tiles 2 (i % 2) and 2 (i % 2) + 1), and both consumers take every item, one tile each.
 #pragma once
 
 #include "conv_transpose3d_post_pool/ablation.h"
+#include "conv_transpose3d_post_pool/contract.h"
 #include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
 #include "conv_transpose3d_post_pool/hopper/stage.cuh"
 #include "conv_transpose3d_post_pool/hopper/trace.cuh"
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if (tid == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 128);
+      mbar_init(&empty[s], p.halves ? 256 : 128);  // with halves, both consumers read every stage
     }
     mbar_init(landed, 1);
     mbar_init(raw_free, 1);
@@ -148,9 +150,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int wg = tid / 128;
   if (wg == 0) {
     if constexpr (TRAIN) release_registers<kProducerRegs>();
+    const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
     for (int64_t k = 0;; ++k) {
-      const int64_t unit = blockIdx.x + k * gridDim.x;
-      if (unit >= p.n_tiles) break;
+      const int64_t item = blockIdx.x + k * gridDim.x;
+      if (item >= items) break;
+      const int64_t unit = p.halves ? item >> 1 : item;
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
@@ -194,21 +198,29 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor cores take the two
   // consumers' tiles alternately and each one's epilogue runs while the other's products do; left to themselves the
   // consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the odd unit out.
-  // (32-bit: the launcher keeps a block's units far below 2^29.)
-  const int units = static_cast<int>((p.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  const int tiles0 = (units + 1) / 2 * kMTiles, tiles1 = units / 2 * kMTiles;
+  // With halves both consumers take every item, consumer c its tile 2 (item % 2) + c.
+  // (32-bit: the launcher keeps a block's items far below 2^29.)
+  const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
+  const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
+  const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
+  const int tiles1 = p.halves ? block_items : block_items / 2 * kMTiles;
   int j = 0;  // this consumer's tiles so far
-  for (int64_t k = c;; k += kConsumers) {
-    const int64_t unit = blockIdx.x + k * gridDim.x;
-    if (unit >= p.n_tiles) break;
+  for (int64_t k = p.halves ? 0 : c;; k += p.halves ? 1 : kConsumers) {
+    const int64_t item = blockIdx.x + k * gridDim.x;
+    if (item >= items) break;
+    const int64_t unit = p.halves ? item >> 1 : item;
+    const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
+    const int64_t tk = p.halves ? 2 * k + c : k;  // trace slots: one per consumer and item
     const int stage = static_cast<int>(k % L::kStages);
-    if (ctid == 0) trace_mark(p, consumer_slot(k, 0));
+    if (ctid == 0) trace_mark(p, consumer_slot(tk, 0));
     mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
-    if (ctid == 0) trace_mark(p, consumer_slot(k, 1));
+    if (ctid == 0) trace_mark(p, consumer_slot(tk, 1));
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
 #pragma unroll 1
-    for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int i = 0; i < item_tiles; ++i) {
+      const int mt = mt0 + i;
 #pragma unroll
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
@@ -226,14 +238,14 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
         for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-      if (ctid == 0) trace_mark(p, consumer_slot(k, 2 + 2 * mt));
-      if (mt == kMTiles - 1) mbar_arrive(&empty[stage]);
+      if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
+      if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
       if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
-      if (ctid == 0) trace_mark(p, consumer_slot(k, 3 + 2 * mt));
+      if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
     if (fix_edges) {
       warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
-      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid);
+      fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid, 8 * mt0, 8 * item_tiles);
     }
   }
   if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
@@ -243,17 +255,24 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 }
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
-void launch_hopper_one(const Params& p, cudaStream_t stream) {
+void launch_hopper_one(const Params& p0, cudaStream_t stream) {
   using L = Layout<M, KS>;
   auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, CAST>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
   smem_limit.raise_to(reinterpret_cast<const void*>(kernel), L::kSmem, device);
+  Params p = p0;
   const int64_t co_blocks = (p.Cout + kCoBlock - 1) / kCoBlock;
   TORCH_CHECK(co_blocks <= 65535, "conv_transpose3d_post_pool: too many output channels for one launch: ", p.Cout);
-  // One block per multiprocessor (its shared memory), spread over the channel blocks.
-  int64_t bx = (multiprocessor_count(device) + co_blocks - 1) / co_blocks;
-  bx = bx < p.n_tiles ? bx : p.n_tiles;
+  // One block per multiprocessor (its shared memory), spread over the channel blocks. With fewer units than blocks
+  // (batch 1 at the KernelBench size: 64 units for 132 multiprocessors), work goes out by half units, one m64 tile
+  // to each consumer: twice the blocks busy and both consumers of each, where a unit per block left half the
+  // multiprocessors idle and one consumer doing 4 tiles in a row.
+  const int64_t bx_full = (multiprocessor_count(device) + co_blocks - 1) / co_blocks;
+  const auto split = static_cast<ConvHopperSplit>(p.split_choice);
+  p.halves = split == ConvHopperSplit::kHalves || (split == ConvHopperSplit::kAuto && p.n_tiles < bx_full);
+  const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
+  int64_t bx = bx_full < items ? bx_full : items;
   bx = bx > 0 ? bx : 1;
   kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(co_blocks)), kThreads, L::kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
