@@ -75,32 +75,18 @@ int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(devi
 // Whether the sm_90a kernel runs: built for sm_90a (setup.py defines FUSED_SM90A then), a compute capability 9.0
 // GPU (sm_90a machine code runs on no other), TF32 or 16-bit operands (strict float32 keeps the mma.sync kernel's
 // three-product split), at most 16 input channels (its resident weights), and not switched off. Left to itself
-// (kAuto) where it measured faster than the mma.sync kernel on an H200 (docs/performance.md,
-// benchmarks/conv_transpose3d_post_pool/hopper_forward.py): every form at batch 16 (7.75 units per multiprocessor;
-// a unit is one pooled plane of 8 x 32 positions) and at batch 1 (0.5 units per multiprocessor, the kernel then
-// handing out half units), but for the mixed training form below 4 units per multiprocessor (batch 1: 20.6 against
-// 18.6 us).
-bool hopper_applies(Mode mode, bool mixed, bool train, int64_t N, int64_t PD, int64_t PH, int64_t PW, int64_t Cin,
-                    int64_t Cout, int device) {
+// (kAuto) it runs wherever it can: on an H200 it measured faster than the mma.sync kernel in every form at batch 16
+// (7.75 units per multiprocessor; a unit is one pooled plane of 8 x 32 positions) and at batch 1 (0.5 units per
+// multiprocessor, the kernel then handing out half units): docs/performance.md,
+// benchmarks/conv_transpose3d_post_pool/hopper_forward.py.
+bool hopper_applies(Mode mode, int64_t Cin, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
-  if (choice == ConvForwardKernel::kMmaSync || mode == Mode::kStrict || Cin > 16 || Cin < 1 ||
-      compute_capability_major(device) != 9 || compute_capability_minor(device) != 0) {
-    return false;
-  }
-  if (choice == ConvForwardKernel::kWgmma || !(mixed && train)) return true;
-  const int64_t units = N * PD * ceil_div(PH, hopper::kTH) * ceil_div(PW, hopper::kTW) * ceil_div(Cout, hopper::kCoBlock);
-  return units >= 4 * static_cast<int64_t>(multiprocessor_count(device));
+  return choice != ConvForwardKernel::kMmaSync && mode != Mode::kStrict && Cin <= 16 && Cin >= 1 &&
+         compute_capability_major(device) == 9 && compute_capability_minor(device) == 0;
 #else
   (void)mode;
-  (void)mixed;
-  (void)train;
-  (void)N;
-  (void)PD;
-  (void)PH;
-  (void)PW;
   (void)Cin;
-  (void)Cout;
   (void)device;
   return false;
 #endif
@@ -119,9 +105,9 @@ bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const
                                                      const at::Tensor& weight, std::array<int64_t, 3> output_padding) {
   using namespace conv_transpose3d_post_pool;
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  return hopper_applies(mode_of(dtype, true), /*mixed=*/true, /*train=*/false, input.size(0),
-                        input.size(2) - 1 + output_padding[0], input.size(3) - 1 + output_padding[1],
-                        input.size(4) - 1 + output_padding[2], input.size(1), weight.size(1), input.get_device());
+  (void)weight;
+  (void)output_padding;
+  return hopper_applies(mode_of(dtype, true), input.size(1), input.get_device());
 }
 
 bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device) {
@@ -234,7 +220,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  const bool hopper = hopper_applies(mode, mixed, train, N, PD, PH, PW, Cin, Cout, device);
+  const bool hopper = hopper_applies(mode, Cin, device);
   if (cast) {
     // Only where conv_transpose3d_post_pool_cuda_rounds_operands said so.
     TORCH_INTERNAL_ASSERT(hopper && mixed && !train);

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       mbar_init(&empty[s], p.halves ? 256 : 128);  // with halves, both consumers read every stage
     }
     mbar_init(landed, 1);
-    mbar_init(raw_free, 1);
+    mbar_init(raw_free, 128 * kConsumers);
     mbar_init_fence();
   }
   const bool any_breaks = __syncthreads_or(breaks_monotone);
@@ -180,8 +180,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   } else {
     w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
   }
+  // Every consumer thread frees the raw weights after its own reads of them (release), rather than one thread after
+  // a barrier: the producer's wait then orders each reader's loads before its stores directly (compute-sanitizer's
+  // racecheck reported the one-thread form once a producer reached the raw weights' stages).
+  if (p.w_bulk) mbar_arrive(raw_free);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
-  if (tid == 128 && p.w_bulk) mbar_arrive(raw_free);
   if constexpr (TRAIN) claim_registers<kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
