@@ -182,25 +182,28 @@ bool switch_value(PyObject* arg, long max, const char* range_error, long& value)
   return true;
 }
 
-// _conv_forward_kernel(choice): sets the fused convolution's forward kernel switch (contract.h: 0 auto, 1 the mma.sync
-// kernel, 2 the sm_90a kernel wherever it can run) and returns the previous value; with None, only returns it. For
-// tests and benchmarks.
-PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
-  const int previous = static_cast<int>(conv_forward_kernel_choice());
+// A three-way development switch (an enum class over 0..2) as a Python function: sets it from an int and returns the
+// previous value; with None, only returns it; anything else raises and changes nothing.
+template <typename E>
+PyObject* enum_switch(E& choice, PyObject* arg, const char* range_error) {
+  const int previous = static_cast<int>(choice);
   long v;
-  if (!switch_value(arg, 2, "_conv_forward_kernel: 0 (auto), 1 (mma.sync) or 2 (sm_90a wgmma)", v)) return nullptr;
-  if (v >= 0) conv_forward_kernel_choice() = static_cast<ConvForwardKernel>(v);
+  if (!switch_value(arg, 2, range_error, v)) return nullptr;
+  if (v >= 0) choice = static_cast<E>(v);
   return PyLong_FromLong(previous);
 }
 
-// _conv_hopper_split(choice): how the sm_90a kernel hands out work (contract.h: 0 auto, 1 units, 2 halves), returning
-// the previous choice; with None, only returns it. For benchmarks comparing the two.
+// _conv_forward_kernel(choice): the fused convolution's forward kernel switch (contract.h: 0 auto, 1 the mma.sync
+// kernel, 2 the sm_90a kernel wherever it can run). For tests and benchmarks.
+PyObject* conv_forward_kernel(PyObject* /*self*/, PyObject* arg) {
+  return enum_switch(conv_forward_kernel_choice(), arg,
+                     "_conv_forward_kernel: 0 (auto), 1 (mma.sync) or 2 (sm_90a wgmma)");
+}
+
+// _conv_hopper_split(choice): how the sm_90a kernel hands out work (contract.h: 0 auto, 1 units, 2 halves). For
+// benchmarks comparing the two.
 PyObject* conv_hopper_split_py(PyObject* /*self*/, PyObject* arg) {
-  const int previous = static_cast<int>(conv_hopper_split_choice());
-  long v;
-  if (!switch_value(arg, 2, "_conv_hopper_split: 0 (auto), 1 (units) or 2 (halves)", v)) return nullptr;
-  if (v >= 0) conv_hopper_split_choice() = static_cast<ConvHopperSplit>(v);
-  return PyLong_FromLong(previous);
+  return enum_switch(conv_hopper_split_choice(), arg, "_conv_hopper_split: 0 (auto), 1 (units) or 2 (halves)");
 }
 
 // _conv_hopper_ablation(bits): parts of the sm_90a kernel to leave out (ablation.h, ConvHopperAblation; its outputs

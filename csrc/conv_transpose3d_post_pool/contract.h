@@ -41,11 +41,11 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
                                             const at::Tensor& offsets,
                                             std::optional<at::ScalarType> round_to = std::nullopt);
 
-// Whether launch_conv_transpose3d_post_pool_cuda takes round_to = dtype for float32 input [N, Cin, D, H, W] and
-// weight [Cin, Cout, 3, 3, 3] with a float32 multiplier, inference form, on the input's device: where the sm_90a
-// kernel runs that problem (its mixed form rounds the operands as it stages them). Elsewhere the caller casts.
-bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input,
-                                                     const at::Tensor& weight, std::array<int64_t, 3> output_padding);
+// Whether launch_conv_transpose3d_post_pool_cuda takes round_to = dtype for float32 input [N, Cin, D, H, W] with a
+// float32 multiplier, inference form, on the input's device: where the sm_90a kernel runs (its mixed form rounds the
+// operands as it stages them; it depends on the device, the input channels and the kernel switch only). Elsewhere
+// the caller casts.
+bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input);
 
 // Whether the kernel's shared memory for this dtype and input channel count fits CUDA device `device` (compute
 // capability 8.6 / 8.9 allow 99 KB per block: float32 with more than 16 input channels, 16-bit with more than 32,

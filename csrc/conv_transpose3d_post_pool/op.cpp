@@ -19,7 +19,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <array>
 #include <optional>
 #include <tuple>
 
@@ -117,12 +116,10 @@ at::Tensor fused_cuda_rounding(const at::Tensor& input, const at::Tensor& weight
   if (input.dim() != 5 || weight.dim() != 5 || (output_padding.size() != 1 && output_padding.size() != 3)) {
     return at::Tensor();
   }
-  std::array<int64_t, 3> op3{};
-  for (size_t i = 0; i < 3; ++i) {
-    op3[i] = output_padding[output_padding.size() == 1 ? 0 : i];
-    if (op3[i] != 0 && op3[i] != 1) return at::Tensor();
+  for (const int64_t op : output_padding) {
+    if (op != 0 && op != 1) return at::Tensor();
   }
-  if (!conv_transpose3d_post_pool_cuda_rounds_operands(dtype, input, weight, op3)) return at::Tensor();
+  if (!conv_transpose3d_post_pool_cuda_rounds_operands(dtype, input)) return at::Tensor();
   const ConvTranspose3dPostPoolGeometry g =
       check_conv_transpose3d_post_pool_args(kOp, input, weight, bias, stride, padding, output_padding, groups,
                                             dilation, multiplier, kernel_size, pool_stride, pool_padding,

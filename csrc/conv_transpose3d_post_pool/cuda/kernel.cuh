@@ -29,13 +29,8 @@
 namespace fused {
 namespace conv_transpose3d_post_pool {
 
-// One k-step of strict float32: acc += a x b from the TF32 split of both operands, three products per pair (small
-// first; lo x lo, ~2^-22 relative, is dropped). SAFE: every word below 2^127 in magnitude (tf32_split_finite, cross =
-// hi; bit for bit the products of tf32_split). The three products go into a fresh accumulator that is then added
-// with an IEEE float add: the tensor cores' own accumulation is not rounded to nearest (it truncates), and chained
-// over every k-step and tap of a long sum that alone made the error grow with Cin, to 17-27x cuDNN float32's at
-// Cin 33-64. One row tile at a time, its A split there (registers: the fresh accumulator for every row tile at once
-// made the two-row-tile forms spill up to 2 KB); the column tiles interleave so that consecutive mma are independent.
+// One k-step of strict float32 (strict_products, mma.cuh): B split once, each row tile's A split where it is used
+// (registers: every row tile's fresh accumulator at once made the two-row-tile forms spill up to 2 KB).
 template <Mode M, int MT, bool SAFE>
 __device__ __forceinline__ void strict_step(float (&acc)[MT][kNT][4], const uint32_t (&a)[MT][4],
                                             const uint32_t (&b)[kNT][2]) {
@@ -43,41 +38,13 @@ __device__ __forceinline__ void strict_step(float (&acc)[MT][kNT][4], const uint
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if constexpr (SAFE) {
-        tf32_split_finite(b[nt][r], bh[nt][r], bl[nt][r]);
-        bc[nt][r] = bh[nt][r];
-      } else {
-        tf32_split(b[nt][r], bh[nt][r], bl[nt][r], bc[nt][r]);
-      }
-    }
+    for (int r = 0; r < 2; ++r) tf32_split_as<SAFE>(b[nt][r], bh[nt][r], bl[nt][r], bc[nt][r]);
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     uint32_t ah[4], al[4], ac[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      if constexpr (SAFE) {
-        tf32_split_finite(a[i][r], ah[r], al[r]);
-        ac[r] = ah[r];
-      } else {
-        tf32_split(a[i][r], ah[r], al[r], ac[r]);
-      }
-    }
-    float part[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], al, bc[nt][0], bc[nt][1]);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ac, bl[nt][0], bl[nt][1]);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ah, bh[nt][0], bh[nt][1]);
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
+    for (int r = 0; r < 4; ++r) tf32_split_as<SAFE>(a[i][r], ah[r], al[r], ac[r]);
+    strict_products<M, kNT>(acc[i], ah, al, ac, bh, bl, bc);
   }
 }
 

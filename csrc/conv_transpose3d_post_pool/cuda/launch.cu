@@ -101,12 +101,9 @@ Mode mode_of(at::ScalarType dtype, bool allow_tf32) {
 }  // namespace
 }  // namespace conv_transpose3d_post_pool
 
-bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input,
-                                                     const at::Tensor& weight, std::array<int64_t, 3> output_padding) {
+bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input) {
   using namespace conv_transpose3d_post_pool;
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  (void)weight;
-  (void)output_padding;
   return hopper_applies(mode_of(dtype, true), input.size(1), input.get_device());
 }
 
@@ -187,7 +184,6 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.s2 = static_cast<float>(negative_slope2);
   p.unit_slopes = p.s1 > 0.f && p.s1 <= 1.f && p.s2 > 0.f && p.s2 <= 1.f;
   p.ablate = conv_hopper_ablation();
-  p.split_choice = static_cast<int>(conv_hopper_split_choice());
   p.trace = reinterpret_cast<long long*>(conv_hopper_trace());
   p.x_channels_last = Cin > 1 && input.stride(1) == 1;
 

@@ -140,5 +140,43 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+// A strict-float32 operand word's split (tf32_split): SAFE, every word below 2^127 in magnitude (split_safe), takes
+// tf32_split_finite with cross = hi, bit for bit the same parts.
+template <bool SAFE>
+__device__ __forceinline__ void tf32_split_as(uint32_t word, uint32_t& hi, uint32_t& lo, uint32_t& cross) {
+  if constexpr (SAFE) {
+    tf32_split_finite(word, hi, lo);
+    cross = hi;
+  } else {
+    tf32_split(word, hi, lo, cross);
+  }
+}
+
+// acc += A x B over one k-step of one row tile in strict float32, from both operands' splits: three TF32 products
+// (small first; lo x lo, ~2^-22 relative, is dropped) into a fresh accumulator, then added with IEEE float adds. The
+// tensor cores' own accumulation is not rounded to nearest (it truncates): chained over every k-step and tap of a
+// long sum, that alone made the error grow with the sum's length, to several times cuDNN float32's. The NT column
+// tiles interleave so that consecutive mma are independent.
+template <Mode M, int NT>
+__device__ __forceinline__ void strict_products(float (&acc)[NT][4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                                const uint32_t (&ac)[4], const uint32_t (&bh)[NT][2],
+                                                const uint32_t (&bl)[NT][2], const uint32_t (&bc)[NT][2]) {
+  float part[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mma<M>(part[nt], al, bc[nt][0], bc[nt][1]);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mma<M>(part[nt], ac, bl[nt][0], bl[nt][1]);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mma<M>(part[nt], ah, bh[nt][0], bh[nt][1]);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[nt][j] += part[nt][j];
+}
+
 }  // namespace conv_transpose3d_post_pool
 }  // namespace fused

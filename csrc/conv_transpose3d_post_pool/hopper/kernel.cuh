@@ -44,6 +44,10 @@ __device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
   }
 }
 
+// The work items of the launch (per channel block): units, or with p.halves half units (item i: unit i / 2).
+__host__ __device__ __forceinline__ int64_t work_items(const Params& p) { return p.halves ? 2 * p.n_tiles : p.n_tiles; }
+__device__ __forceinline__ int64_t item_unit(const Params& p, int64_t item) { return p.halves ? item >> 1 : item; }
+
 __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit) {
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
 }
@@ -150,11 +154,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int wg = tid / 128;
   if (wg == 0) {
     if constexpr (TRAIN) release_registers<kProducerRegs>();
-    const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
+    const int64_t items = work_items(p);
     for (int64_t k = 0;; ++k) {
       const int64_t item = blockIdx.x + k * gridDim.x;
       if (item >= items) break;
-      const int64_t unit = p.halves ? item >> 1 : item;
+      const int64_t unit = item_unit(p, item);
       const int stage = static_cast<int>(k % L::kStages);
       const uint32_t round = static_cast<uint32_t>(k / L::kStages);
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // consumers fall into step, both multiplying, then both in their epilogues. Consumer 0 takes the odd unit out.
   // With halves both consumers take every item, consumer c its tile 2 (item % 2) + c.
   // (32-bit: the launcher keeps a block's items far below 2^29.)
-  const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
+  const int64_t items = work_items(p);
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   for (int64_t k = p.halves ? 0 : c;; k += p.halves ? 1 : kConsumers) {
     const int64_t item = blockIdx.x + k * gridDim.x;
     if (item >= items) break;
-    const int64_t unit = p.halves ? item >> 1 : item;
+    const int64_t unit = item_unit(p, item);
     const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
     const int64_t tk = p.halves ? 2 * k + c : k;  // trace slots: one per consumer and item
     const int stage = static_cast<int>(k % L::kStages);
@@ -272,9 +276,9 @@ void launch_hopper_one(const Params& p0, cudaStream_t stream) {
   // to each consumer: twice the blocks busy and both consumers of each, where a unit per block left half the
   // multiprocessors idle and one consumer doing 4 tiles in a row.
   const int64_t bx_full = (multiprocessor_count(device) + co_blocks - 1) / co_blocks;
-  const auto split = static_cast<ConvHopperSplit>(p.split_choice);
+  const ConvHopperSplit split = conv_hopper_split_choice();
   p.halves = split == ConvHopperSplit::kHalves || (split == ConvHopperSplit::kAuto && p.n_tiles < bx_full);
-  const int64_t items = p.halves ? 2 * p.n_tiles : p.n_tiles;
+  const int64_t items = work_items(p);
   int64_t bx = bx_full < items ? bx_full : items;
   bx = bx > 0 ? bx : 1;
   kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(co_blocks)), kThreads, L::kSmem, stream>>>(p);

@@ -105,14 +105,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 #pragma unroll
         for (int i = 0; i < kMT; ++i)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            if constexpr (SAFE) {
-              tf32_split_finite(a[i][r], ah[i][r], al[i][r]);
-              ac[i][r] = ah[i][r];
-            } else {
-              tf32_split(a[i][r], ah[i][r], al[i][r], ac[i][r]);
-            }
-          }
+          for (int r = 0; r < 4; ++r) tf32_split_as<SAFE>(a[i][r], ah[i][r], al[i][r], ac[i][r]);
       }
       (void)ah;
       (void)al;
@@ -123,14 +116,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              if constexpr (SAFE) {
-                tf32_split_finite(b[nt][r], bh_[nt][r], bl_[nt][r]);
-                bc_[nt][r] = bh_[nt][r];
-              } else {
-                tf32_split(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
-              }
-            }
+            for (int r = 0; r < 2; ++r) tf32_split_as<SAFE>(b[nt][r], bh_[nt][r], bl_[nt][r], bc_[nt][r]);
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
             uint32_t mh[4], ml[4], mc[4];
@@ -141,26 +127,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[kMT][kNT][4], const uint
               ml[r] = take ? al[i][r] : 0u;
               mc[r] = take ? ac[i][r] : 0u;
             }
-            // Small products first; lo x lo (~2^-22 relative) is dropped. The three products go into a fresh
-            // accumulator that is then added with an IEEE float add: the tensor cores' own accumulation is not
-            // rounded to nearest, and over the ~100 chained mma of a long sum that alone cost several times
-            // cuDNN's error.
-            // The column tiles interleave so that consecutive mma are independent.
-            float part[kNT][4];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-              for (int j = 0; j < 4; ++j) part[nt][j] = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], ml, bc_[nt][0], bc_[nt][1]);
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mc, bl_[nt][0], bl_[nt][1]);
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mma<M>(part[nt], mh, bh_[nt][0], bh_[nt][1]);
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-              for (int j = 0; j < 4; ++j) acc[i][nt][j] += part[nt][j];
+            strict_products<M, kNT>(acc[i], mh, ml, mc, bh_, bl_, bc_);
           }
         } else {
 #pragma unroll
