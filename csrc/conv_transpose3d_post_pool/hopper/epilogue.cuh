@@ -133,15 +133,54 @@ __device__ __forceinline__ bool monotone_training_values(const Params& p, const 
   return ok;
 }
 
-// One m64 tile's pooled outputs from its accumulators: the block-uniform form is chosen once per tile (not per
-// output), so that the 16 outputs' dependent chains have no branches between them and interleave; then the stores.
+// The stores of one m64 tile's pooled outputs: put(o, r) stores the thread's output r (and in the training form its
+// selected value and offset) at element offset o.
+template <typename Put>
+__device__ __forceinline__ void store_outputs(const Params& p, const TileOrigin& u, int mt, int warp, int g, int t,
+                                              const EpilogueArgs& a, const Put& put) {
+  // A tile wholly inside the output with all of the block's channels present (tile-uniform, so no divergence) stores
+  // without guards, each address one 64-bit add from the row's: the guarded form below, with a 64-bit product and a
+  // branch per output, took ~18 instructions a store.
+  const bool whole = u.qh0 + kTH <= p.PH && u.qw0 + 8 * (mt + 1) <= p.PW && a.co0 + kCoBlock <= p.Cout;
+  const int64_t so1 = p.so[1];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int qh = u.qh0 + 2 * warp + half, qw = u.qw0 + 8 * mt + g;
+    const bool inside = qh < p.PH && qw < p.PW;
+    const int64_t row = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                        static_cast<int64_t>(qh) * p.so[3] + static_cast<int64_t>(qw) * p.so[4];
+    if (whole) {
+      const int64_t o0 = row + static_cast<int64_t>(a.co0 + 2 * t) * so1;
+#pragma unroll
+      for (int r4 = 0; r4 < 4; ++r4) {
+#pragma unroll
+        for (int pair = 0; pair < 2; ++pair) {
+          const int r = r4 * 4 + half * 2 + pair;
+          put(o0 + (8 * r4 + pair) * so1, r);
+        }
+      }
+      continue;
+    }
+#pragma unroll
+    for (int r4 = 0; r4 < 4; ++r4) {
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const int r = r4 * 4 + half * 2 + pair;
+        const int c = acc_channel(r, t);
+        if (inside && a.co0 + c < p.Cout) {
+          put(row + static_cast<int64_t>(a.co0 + c) * so1, r);
+        }
+      }
+    }
+  }
+}
+
+// One m64 tile's pooled values from its accumulators (best; in the training form also sel and off) in the
+// block-uniform form, chosen once per tile (not per output), so that the 16 outputs' dependent chains have no
+// branches between them and interleave.
 template <Mode M, bool TRAIN, bool MIXED>
-__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
-                                           int warp, int g, int t, const EpilogueArgs& a) {
-  using io_t = typename ModeTraits<M>::io_t;
-  using Out = OutputTraits<M, MIXED>;
-  float best[16], sel[16];
-  uint32_t off[16];
+__device__ __forceinline__ void select_phases(const Params& p, const float (&acc)[8][16], int t, const EpilogueArgs& a,
+                                              float (&best)[16], float (&sel)[16], uint32_t (&off)[16]) {
   if (!TRAIN && !a.exact) {
     if (p.unit_slopes) {
       monotone_values<M, MIXED, true>(p, acc, t, a, best);
@@ -158,49 +197,54 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   } else {
     exact_values<M, TRAIN, MIXED, false>(p, acc, t, a, best, sel, off);
   }
-  // A tile wholly inside the output with all of the block's channels present (tile-uniform, so no divergence) stores
-  // without guards, each address one 64-bit add from the row's: the guarded form below, with a 64-bit product and a
-  // branch per output, took ~18 instructions a store.
-  const bool whole = u.qh0 + kTH <= p.PH && u.qw0 + 8 * (mt + 1) <= p.PW && a.co0 + kCoBlock <= p.Cout;
-  const int64_t so1 = p.so[1];
-  // Output r of the thread at element offset o (and in the training form its selected value and offset).
-  const auto store_output = [&](int64_t o, int r) {
+}
+
+// One m64 tile's pooled outputs from its accumulators, then their stores.
+template <Mode M, bool TRAIN, bool MIXED>
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
+                                           int warp, int g, int t, const EpilogueArgs& a) {
+  using io_t = typename ModeTraits<M>::io_t;
+  using Out = OutputTraits<M, MIXED>;
+  float best[16], sel[16];
+  uint32_t off[16];
+  select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
+  store_outputs(p, u, mt, warp, g, t, a, [&](int64_t o, int r) {
     Out::store(p, o, best[r]);
     if constexpr (TRAIN) {
       static_cast<io_t*>(p.sel)[o] = from_float<io_t>(sel[r]);
       p.off[o] = static_cast<uint8_t>(off[r]);
     }
-  };
+  });
+}
+
+// A training tile's outputs between its selection and its stores, in the pipelined consumer loop (kernel.cuh): 34
+// registers, which the consumer holds while the next tile's 128 accumulators are in flight. off: the offsets, 4 bits
+// each (output r at bits 4 (r % 8) of off[r / 8]).
+struct PooledTile {
+  float best[16], sel[16];
+  uint32_t off[2];
+};
+
+template <Mode M, bool MIXED>
+__device__ __forceinline__ void pool_tile(const Params& p, const float (&acc)[8][16], int t, const EpilogueArgs& a,
+                                          PooledTile& o) {
+  uint32_t off[16];
+  select_phases<M, true, MIXED>(p, acc, t, a, o.best, o.sel, off);
+  o.off[0] = o.off[1] = 0;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int qh = u.qh0 + 2 * warp + half, qw = u.qw0 + 8 * mt + g;
-    const bool inside = qh < p.PH && qw < p.PW;
-    const int64_t row = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
-                        static_cast<int64_t>(qh) * p.so[3] + static_cast<int64_t>(qw) * p.so[4];
-    if (whole) {
-      const int64_t o0 = row + static_cast<int64_t>(a.co0 + 2 * t) * so1;
-#pragma unroll
-      for (int r4 = 0; r4 < 4; ++r4) {
-#pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          const int r = r4 * 4 + half * 2 + pair;
-          store_output(o0 + (8 * r4 + pair) * so1, r);
-        }
-      }
-      continue;
-    }
-#pragma unroll
-    for (int r4 = 0; r4 < 4; ++r4) {
-#pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        const int r = r4 * 4 + half * 2 + pair;
-        const int c = acc_channel(r, t);
-        if (inside && a.co0 + c < p.Cout) {
-          store_output(row + static_cast<int64_t>(a.co0 + c) * so1, r);
-        }
-      }
-    }
-  }
+  for (int r = 0; r < 16; ++r) o.off[r >> 3] |= off[r] << (4 * (r & 7));
+}
+
+template <Mode M, bool MIXED>
+__device__ __forceinline__ void store_pooled(const Params& p, const PooledTile& o, const TileOrigin& u, int mt,
+                                             int warp, int g, int t, const EpilogueArgs& a) {
+  using io_t = typename ModeTraits<M>::io_t;
+  using Out = OutputTraits<M, MIXED>;
+  store_outputs(p, u, mt, warp, g, t, a, [&](int64_t at, int r) {
+    Out::store(p, at, o.best[r]);
+    static_cast<io_t*>(p.sel)[at] = from_float<io_t>(o.sel[r]);
+    p.off[at] = static_cast<uint8_t>((o.off[r >> 3] >> (4 * (r & 7))) & 0xfu);
+  });
 }
 
 // Where the block saw an infinite or NaN weight: the tensor cores multiplied it by the zero staged for a missing

@@ -33,6 +33,18 @@ namespace hopper {
 constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 
+// The 16-bit training forms (not mixed) pipeline each consumer's tiles (the consumer loop below): their epilogue
+// costs ~3x their products (3.2 against 1.2 us a tile, the kernel's own clock), and pipelined they measured 4-5 us
+// faster (bf16 86.3 -> 81.9, fp16 86.7 -> 82.6 at the KernelBench size, one device call). The same loop measured
+// slower for TF32 training (78.2 -> 84.5, its producer's staging twice the bytes) and the mixed form (89.5 -> 91.9),
+// and, with the producer's registers moved there too, for every inference form (TF32 44.8 -> 47.5).
+template <Mode M, bool TRAIN, bool MIXED>
+constexpr bool kPipelined = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+// Their registers: the consumer holds the next tile's 128 accumulators in flight while it stores the previous
+// tile's PooledTile (34) with its addresses; 128 x 72 + 256 x 216 fill the launch's 384 x 168.
+constexpr int kPipelinedProducerRegs = 72;
+constexpr int kPipelinedConsumerRegs = 216;
+
 // Whether a measurement build leaves `part` out (ablation.h); false, at compile time, in every other build.
 __device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
   if constexpr (kHopperAblationBuilt) {
@@ -105,6 +117,51 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   issue_entries<M, KS>(acc, (a_stage >> 4) + 8 * mt, b >> 4, std::make_integer_sequence<int, kRuns * KS>{});
 }
 
+// The pipelined consumer loop's steps (kernel below). Issues the products of tile i of consumer item k (waiting
+// for the item's stage first when i = 0) into acc, and returns without waiting for them.
+template <Mode M, int KS>
+__device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16], uint64_t* full, uint8_t* stages,
+                                           uint32_t b_addr, int64_t k, int i) {
+  using L = Layout<M, KS>;
+  const int c = threadIdx.x / 128 - 1;
+  const int64_t item = blockIdx.x + k * gridDim.x;
+  const int stage = static_cast<int>(k % L::kStages);
+  if (i == 0) {
+    const int64_t tk = p.halves ? 2 * k + c : k;
+    if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 0));
+    mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
+    if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 1));
+  }
+  const int mt = (p.halves ? static_cast<int>(item & 1) * 2 + c : 0) + i;
+#pragma unroll
+  for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+  if (!ablated(p, kAblateMma)) {
+    wgmma_fence();
+    tile_products<M, KS>(acc, smem_addr(stages + stage * L::kStageBytes), b_addr, mt);
+    wgmma_commit();
+  }
+}
+
+// The stores of consumer item k's tile i, and after the item's last tile the border fix where the block saw a
+// non-finite weight.
+template <Mode M, bool MIXED>
+__device__ __forceinline__ void finish_tile(const Params& p, const PooledTile& pooled, int64_t k, int i,
+                                            bool item_done, int item_tiles, bool fix_edges, int ctid,
+                                            const EpilogueArgs& args) {
+  const int c = threadIdx.x / 128 - 1, warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
+  const int64_t item = blockIdx.x + k * gridDim.x;
+  const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
+  const TileOrigin u = unit_origin(p, item_unit(p, item));
+  if (!ablated(p, kAblateEpilogue)) store_pooled<M, MIXED>(p, pooled, u, mt0 + i, warp, g, t, args);
+  if (ctid == 0) trace_mark(p, consumer_slot(p.halves ? 2 * k + c : k, 3 + 2 * i));
+  if (item_done && fix_edges) {
+    warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
+    fix_unit_edges<M, true, MIXED, false>(p, u, args.co0, ctid, 8 * mt0, 8 * item_tiles);
+  }
+}
+
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
@@ -153,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
   const int wg = tid / 128;
   if (wg == 0) {
-    if constexpr (TRAIN) release_registers<kProducerRegs>();
+    if constexpr (TRAIN) release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
     const int64_t items = work_items(p);
     for (int64_t k = 0;; ++k) {
       const int64_t item = blockIdx.x + k * gridDim.x;
@@ -189,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // racecheck reported the one-thread form once a producer reached the raw weights' stages).
   if (p.w_bulk) mbar_arrive(raw_free);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
-  if constexpr (TRAIN) claim_registers<kConsumerRegs>();
+  if constexpr (TRAIN) claim_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedConsumerRegs : kConsumerRegs>();
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
@@ -200,6 +257,49 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
+
+  if constexpr (kPipelined<M, TRAIN, MIXED>) {
+    // Each consumer pipelines its tiles: once a tile's products are in, the selection over its phases reads the
+    // accumulators into a PooledTile, the next tile's wgmma go out into them, and the tile's stores run under those;
+    // no turns (each consumer's products overlap its own stores). The loop issues unconditionally after its exit
+    // test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue them.
+    const int64_t items = work_items(p);
+    const int item_tiles = p.halves ? 1 : kMTiles;
+    const int k_step = p.halves ? 1 : kConsumers;
+    int64_t k = p.halves ? 0 : c;
+    int i = 0;  // the tile of item k whose products are in flight
+    if (blockIdx.x + k * gridDim.x < items) {
+      issue_tile<M, KS>(p, acc, full, sStages, b_addr, k, i);
+      for (;;) {
+        if (!ablated(p, kAblateMma)) wgmma_wait_all();
+#pragma unroll
+        for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+          for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+        if (ctid == 0) trace_mark(p, consumer_slot(p.halves ? 2 * k + c : k, 2 + 2 * i));
+        const bool item_done = i == item_tiles - 1;
+        if (item_done) mbar_arrive(&empty[static_cast<int>(k % L::kStages)]);
+        PooledTile pooled;
+        if (!ablated(p, kAblateEpilogue)) pool_tile<M, MIXED>(p, acc, t, args, pooled);
+#pragma unroll
+        for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+          for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+        const int64_t k_next = item_done ? k + k_step : k;
+        const int i_next = item_done ? 0 : i + 1;
+        if (item_done && blockIdx.x + k_next * gridDim.x >= items) {
+          finish_tile<M, MIXED>(p, pooled, k, i, item_done, item_tiles, fix_edges, ctid, args);
+          break;
+        }
+        issue_tile<M, KS>(p, acc, full, sStages, b_addr, k_next, i_next);
+        finish_tile<M, MIXED>(p, pooled, k, i, item_done, item_tiles, fix_edges, ctid, args);
+        k = k_next;
+        i = i_next;
+      }
+    }
+    if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
+    return;
+  }
 
   // The consumers' turns at the tensor cores, tile by tile: consumer 0 issues its j-th tile's wgmma after consumer 1
   // has issued its (j-1)-th, consumer 1 its j-th after consumer 0's j-th, so that the tensor cores take the two
