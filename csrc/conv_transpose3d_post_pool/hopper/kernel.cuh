@@ -34,8 +34,8 @@ constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 
 // The 16-bit training forms (not mixed) pipeline each consumer's tiles (the consumer loop below): their epilogue
-// costs ~3x their products (3.2 against 1.2 us a tile, the kernel's own clock), and pipelined they measured 4-5 us
-// faster (bf16 86.3 -> 81.9, fp16 86.7 -> 82.6 at the KernelBench size, one device call). The same loop measured
+// costs ~3x their products (3.2 against 1.2 us a tile, the kernel's own clock), and pipelined they measured 2-4 us
+// faster (bf16 85.8 -> 81.6, fp16 86.0 -> 84.2 at the KernelBench size, one device call). The same loop measured
 // slower for TF32 training (78.2 -> 84.5; not understood: its producer stages twice the 16-bit bytes, with 72
 // registers instead of 88) and the mixed form (89.5 -> 91.9), and, with the producer's registers moved there too, for
 // every inference form (TF32 44.8 -> 47.5).
