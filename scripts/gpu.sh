@@ -70,6 +70,9 @@
 #   bash scripts/gpu.sh tests && bash scripts/gpu_beside.sh beside
 #                                                             then another tree (e.g. a branch's archive) in the same
 #                                                             call: its sm_90a bench and kernel tests (gpu_beside.sh)
+#   bash scripts/gpu_ab.sh . ab/x ab/y                        several trees (branches' archives in untracked folders)
+#                                                             built at once, the sm_90a bench in each by turns, one
+#                                                             table (gpu_ab.sh); no gpu.sh step before it is needed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

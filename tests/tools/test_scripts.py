@@ -40,3 +40,13 @@ def test_gpu_script_plan_and_options():
     usage = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, cwd=root).stdout
     for option in ("TESTS=", "BENCH_ARGS", "SANITIZE_TESTS", "SANITIZE_TOOLS", "NCU_KERNELS", "DEADLINE"):
         assert option in usage, option
+
+
+def test_ab_script_needs_a_tree():
+    # scripts/gpu_ab.sh (several trees benched against each other on the GPU machine) refuses to run without one.
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_ab.sh")], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 2 and "usage: gpu_ab.sh" in r.stdout
