@@ -60,6 +60,10 @@ __device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
 // The work items of the launch (per channel block): units, or with p.halves half units (item i: unit i / 2).
 __host__ __device__ __forceinline__ int64_t work_items(const Params& p) { return p.halves ? 2 * p.n_tiles : p.n_tiles; }
 __device__ __forceinline__ int64_t item_unit(const Params& p, int64_t item) { return p.halves ? item >> 1 : item; }
+// The trace's slots for consumer c's item k (trace.cuh): one per consumer and item.
+__device__ __forceinline__ int64_t traced_item(const Params& p, int64_t k, int c) {
+  return p.halves ? 2 * k + c : k;
+}
 
 __device__ __forceinline__ TileOrigin unit_origin(const Params& p, int64_t unit) {
   return decode_tile(unit, p.n_tiles, p.tiles_d, p.tiles_h, p.tiles_w, 1, kTH, kTW);
@@ -128,16 +132,13 @@ __device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16],
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int stage = static_cast<int>(k % L::kStages);
   if (i == 0) {
-    const int64_t tk = p.halves ? 2 * k + c : k;
+    const int64_t tk = traced_item(p, k, c);
     if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 0));
     mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
     if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 1));
   }
   const int mt = (p.halves ? static_cast<int>(item & 1) * 2 + c : 0) + i;
-#pragma unroll
-  for (int ph = 0; ph < 8; ++ph)
-#pragma unroll
-    for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+  pin_all(acc);
   if (!ablated(p, kAblateMma)) {
     wgmma_fence();
     tile_products<M, KS>(acc, smem_addr(stages + stage * L::kStageBytes), b_addr, mt);
@@ -156,7 +157,7 @@ __device__ __forceinline__ void finish_tile(const Params& p, const PooledTile& p
   const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
   const TileOrigin u = unit_origin(p, item_unit(p, item));
   if (!ablated(p, kAblateEpilogue)) store_pooled<M, MIXED>(p, pooled, u, mt0 + i, warp, g, t, args);
-  if (ctid == 0) trace_mark(p, consumer_slot(p.halves ? 2 * k + c : k, 3 + 2 * i));
+  if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 3 + 2 * i));
   if (item_done && fix_edges) {
     warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
     fix_unit_edges<M, true, MIXED, false>(p, u, args.co0, ctid, 8 * mt0, 8 * item_tiles);
@@ -273,19 +274,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       issue_tile<M, KS>(p, acc, full, sStages, b_addr, k, i);
       for (;;) {
         if (!ablated(p, kAblateMma)) wgmma_wait_all();
-#pragma unroll
-        for (int ph = 0; ph < 8; ++ph)
-#pragma unroll
-          for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
-        if (ctid == 0) trace_mark(p, consumer_slot(p.halves ? 2 * k + c : k, 2 + 2 * i));
+        pin_all(acc);
+        if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 2 + 2 * i));
         const bool item_done = i == item_tiles - 1;
         if (item_done) mbar_arrive(&empty[static_cast<int>(k % L::kStages)]);
         PooledTile pooled;
         if (!ablated(p, kAblateEpilogue)) pool_tile<M, MIXED>(p, acc, t, args, pooled);
-#pragma unroll
-        for (int ph = 0; ph < 8; ++ph)
-#pragma unroll
-          for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+        pin_all(acc);
         const int64_t k_next = item_done ? k + k_step : k;
         const int i_next = item_done ? 0 : i + 1;
         if (item_done && blockIdx.x + k_next * gridDim.x >= items) {
@@ -319,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     if (item >= items) break;
     const int64_t unit = item_unit(p, item);
     const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
-    const int64_t tk = p.halves ? 2 * k + c : k;  // trace slots: one per consumer and item
+    const int64_t tk = traced_item(p, k, c);
     const int stage = static_cast<int>(k % L::kStages);
     if (ctid == 0) trace_mark(p, consumer_slot(tk, 0));
     mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
@@ -329,10 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll 1
     for (int i = 0; i < item_tiles; ++i) {
       const int mt = mt0 + i;
-#pragma unroll
-      for (int ph = 0; ph < 8; ++ph)
-#pragma unroll
-        for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      pin_all(acc);
       if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
@@ -342,10 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
       ++j;
       if (!ablated(p, kAblateMma)) wgmma_wait_all();
-#pragma unroll
-      for (int ph = 0; ph < 8; ++ph)
-#pragma unroll
-        for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+      pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
       if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);

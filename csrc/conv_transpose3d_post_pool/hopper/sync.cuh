@@ -58,6 +58,13 @@ __device__ __forceinline__ void wgmma_wait_all() {
 // Pins a register the wgmma write: the compiler may not move a read of it across this point (after the wait) or a
 // write of it past it (before the fence).
 __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Pins every accumulator of a consumer (8 slots of 16).
+__device__ __forceinline__ void pin_all(float (&acc)[8][16]) {
+#pragma unroll
+  for (int ph = 0; ph < 8; ++ph)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) pin(acc[ph][r]);
+}
 
 // Generic-proxy stores to shared memory made visible to the async proxy (the tensor cores' operand reads).
 __device__ __forceinline__ void fence_proxy_async() {
