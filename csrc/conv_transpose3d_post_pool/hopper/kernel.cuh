@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 
   if constexpr (M == Mode::kStrict) {
     // Strict float32 (inference only): each consumer takes its items' tiles in turn, no turns at the tensor cores
-    // (its own products keep several entries in flight while it adds the oldest: strict.cuh). A block whose weights have a
+    // (its own products keep one entry in flight while it adds the other: strict.cuh). A block whose weights have a
     // non-finite high part (w_nonfinite, block-uniform through fix_edges) recomputes its outputs from global memory
     // instead, exactly (recompute_unit): the split needs cross(B) there, which B's two copies do not hold.
     static_assert(!TRAIN && !MIXED && !CAST, "strict float32: the inference form");
@@ -343,10 +343,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 #pragma unroll 1
       for (int i = 0; i < item_tiles; ++i) {
         const int mt = mt0 + i;
-        strict_tile<KS>(p, a_thread + 8 * mt * 16, bh16, bl16, u, mt, warp, g, t, args);
+        if (!ablated(p, kAblateMma)) strict_tile_products<KS>(acc, a_thread + 8 * mt * 16, bh16, bl16);
+        pin_all(acc);
+        if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
+        if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args);
         if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
       }
-      mbar_arrive(&empty[stage]);
     }
     if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
     return;

@@ -10,14 +10,19 @@
 // of its warp's 16, k-words t and t + 4, as mma.sync's m16n8k8) and splits it with tf32_split, so an infinite input
 // stays exact as in the mma.sync kernel.
 //
-// A tile's products are 27 x KS entries, one per (phase, tap, k-step), each three m64 x n32 x k8 wgmma into a
-// 16-register part, kStrictDepth entries in flight: an entry's wgmma go out, then the oldest entry's part is waited for
-// and added to its phase's sum; a phase's completed sum is folded into the pool at once (StrictPool), so a consumer
-// holds one phase's sum instead of a tile's 128 accumulators. Run slot by slot over all 8 phases at once (128
-// accumulators, two parts), the consumers spilled and the tile took 163.7 us at the KernelBench size (H200).
+// A tile's products are 27 x KS entries, one per (slot, k-step), each three m64 x n32 x k8 wgmma into one of two
+// 16-register parts: the entry's wgmma go out, then the previous entry's part is waited for and added, so the tensor
+// cores always hold one entry while the warpgroup adds the other. Each (run, k-step) loads and splits its A fragment
+// once for the run's slots.
+//
+// Where it stands (H200, KernelBench size): 161 us against the mma.sync kernel's 217, bit for bit the same. Nsight
+// Compute: issue active 43 %, stalls on long scoreboard and fixed latency; 74 M warp instructions, 22 % of them the
+// parts' IEEE adds, ~13 % the splits; the consumers spill ~300 bytes (128 accumulators, two parts, two split
+// fragments in 208 registers). Taken phase by phase instead (one phase's sum and the pool in registers, three entries
+// in flight, no spills) it ran 260 us: an A fragment split per entry (54 a tile, not 16) and every phase's epilogue
+// made 113 M instructions at the same issue rate.
 #pragma once
 
-#include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
 #include "conv_transpose3d_post_pool/hopper/sync.cuh"
 
@@ -71,9 +76,34 @@ __device__ __forceinline__ void pin_split(SplitA& a) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a.hi[i]), "+r"(a.lo[i]), "+r"(a.cross[i])::"memory");
 }
 
-// The thread's A words for (shift S, k-step KSTEP) of a tile: `a` is the thread's first word of the tile in the stage
-// (its warp's first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo
-// row, k-words t + 4 the next chunk.
+// Entry e of a tile (e < 27 * KS): runs in order, k-steps inner, the run's slots innermost. Each slot then adds its
+// parts shift by shift, k-steps inner: the mma.sync kernel's order (geometry.cuh).
+struct StrictEntry {
+  int run, ks, slot;
+  bool opens_group;  // the first entry of its (run, k-step): loads and splits its A fragment
+  int group;         // run * KS + ks
+};
+template <int KS>
+__host__ __device__ constexpr StrictEntry strict_entry(int e) {
+  int n = 0;
+  for (int r = 0; r < kRuns; ++r) {
+    for (int ks = 0; ks < KS; ++ks) {
+      for (int j = 0; j < run(r).slots; ++j) {
+        if (n == e) return StrictEntry{r, ks, run(r).slot0 + j, j == 0, r * KS + ks};
+        ++n;
+      }
+    }
+  }
+  return StrictEntry{-1, -1, -1, false, -1};
+}
+static_assert(strict_entry<2>(0).slot == 0 && strict_entry<2>(4).ks == 1 && strict_entry<2>(8).run == 1 &&
+                  strict_entry<2>(8).opens_group && strict_entry<2>(53).run == kRuns - 1 &&
+                  strict_entry<2>(54).run == -1,
+              "27 entries per k-step");
+
+// The thread's A words for (shift s, k-step ks) of tile mt: `a` is the thread's first word in the stage (its warp's
+// first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo row, k-words
+// t + 4 the next chunk.
 template <int KS, int S, int KSTEP>
 __device__ __forceinline__ void load_split(SplitA& out, const uint8_t* a) {
   using L = Layout<Mode::kStrict, KS>;
@@ -87,152 +117,66 @@ __device__ __forceinline__ void load_split(SplitA& out, const uint8_t* a) {
   }
 }
 
-// Entry e of a tile (e < 27 * KS): phases 0 .. 7 in order, each phase's taps shift by shift (the shifts s within the
-// phase's bits, ascending), k-steps inner: the mma.sync kernel's order of every sum and of the pool's selection.
-struct StrictEntry {
-  int phase, shift, ks;
-  int run;          // the run (geometry.cuh) whose B columns hold the (phase, shift) tap
-  bool phase_last;  // the phase's sum is complete after this entry
-};
-template <int KS>
-__host__ __device__ constexpr StrictEntry strict_entry(int e) {
-  int n = 0;
-  for (int ph = 0; ph < 8; ++ph) {
-    for (int s = 0; s < 8; ++s) {
-      if ((s & ph) != s) continue;
-      for (int ks = 0; ks < KS; ++ks) {
-        if (n++ != e) continue;
-        const int slot = phase_slot(ph);
-        int r = 0;
-        while (!(run(r).shift == s && slot >= run(r).slot0 && slot < run(r).slot0 + run(r).slots)) ++r;
-        return StrictEntry{ph, s, ks, r, s == ph && ks == KS - 1};
-      }
-    }
-  }
-  return StrictEntry{-1, -1, -1, -1, false};
-}
-static_assert(strict_entry<2>(0).phase == 0 && strict_entry<2>(1).phase_last && strict_entry<2>(2).phase == 1 &&
-                  strict_entry<2>(4).shift == 1 && strict_entry<2>(53).phase == 7 && strict_entry<2>(53).shift == 7 &&
-                  strict_entry<2>(53).phase_last && strict_entry<2>(54).phase == -1 && strict_entry<1>(26).phase == 7,
-              "27 taps per k-step, phase by phase");
-
 // Entry E's three wgmma into part: B at bh16 (high parts) and bl16 (low parts), 16-byte units.
 template <int KS, int E>
 __device__ __forceinline__ void strict_issue(float (&part)[16], const SplitA& a, uint32_t bh16, uint32_t bl16) {
   using L = Layout<Mode::kStrict, KS>;
   constexpr StrictEntry en = strict_entry<KS>(E);
   constexpr uint32_t b_off = run_col0(en.run) * L::kChunks + 2 * en.ks * run_cols(en.run) +
-                             (phase_slot(en.phase) - run(en.run).slot0) * kCoBlock;
+                             (en.slot - run(en.run).slot0) * kCoBlock;
   constexpr uint32_t kLbo = run_cols(en.run) * 16;
   wgmma_rs_n32(part, a.lo, smem_desc16<kLbo, 128>(bh16 + b_off), 0);
   wgmma_rs_n32(part, a.cross, smem_desc16<kLbo, 128>(bl16 + b_off), 1);
   wgmma_rs_n32(part, a.hi, smem_desc16<kLbo, 128>(bh16 + b_off), 1);
 }
 
-// The pool over the phases as their sums complete, in phase order: max_pool3d's selection (the first maximum, the last
-// NaN) over every phase's epilogue (epilogue.cuh's exact form), or in the monotone form over the sums themselves,
-// whose one epilogue strict_tile applies at the end (the first maximum of the sums where monotone_values takes their
-// max_nan: the same value but for the sign of a zero tied with another zero). The block-uniform form is a select, not
-// a branch: a branch between in-flight wgmma makes ptxas serialise them all, and two copies of the tile's code (one
-// per form) left it too few registers for them (ptxas 13.0).
-struct StrictPool {
-  float best[16];
-  const Params* p;
-  const EpilogueArgs* a;
-  int t;
-  __device__ __forceinline__ void fold(int ph, const float (&sum)[16]) {
-    using Out = OutputTraits<Mode::kStrict, false>;
-    const bool exact = a->exact;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int c = acc_channel(r, t);
-      const float e = Out::epilogue(sum[r] + a->bias[c], a->mult[c], p->s1, p->s2);
-      const float v = exact ? e : sum[r];
-      best[r] = ph == 0 || takes_max(v, best[r]) ? v : best[r];
-    }
-  }
-};
-
-// Retires entry D: its part added to its phase's sum; the phase folded into the pool once its sum is complete.
-template <int KS, int K, int D, typename Pool>
-__device__ __forceinline__ void strict_retire(float (&sum)[16], float (&part)[K][16], Pool& pool) {
-  constexpr StrictEntry en = strict_entry<KS>(D);
-  pin16(part[D % K]);
-#pragma unroll
-  for (int r = 0; r < 16; ++r) sum[r] += part[D % K][r];
-  if constexpr (en.phase_last) {
-    pool.fold(en.phase, sum);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) sum[r] = 0.f;  // the next phase's sum starts from +0, as the mma.sync kernel's
-  }
-}
-
-// Entry E: its A fragment loaded and split, its products issued; then, with K entries in flight, the oldest retired.
-template <int KS, int K, int E, typename Pool>
-__device__ __forceinline__ void strict_step(float (&sum)[16], float (&part)[K][16], SplitA (&a)[K], Pool& pool,
+template <int KS, int E>
+__device__ __forceinline__ void strict_step(float (&acc)[8][16], float (&part)[2][16], SplitA (&a)[2],
                                             const uint8_t* a_thread, uint32_t bh16, uint32_t bl16) {
   constexpr StrictEntry en = strict_entry<KS>(E);
-  load_split<KS, en.shift, en.ks>(a[E % K], a_thread);
-  pin_split(a[E % K]);
+  if constexpr (en.opens_group) load_split<KS, run(en.run).shift, en.ks>(a[en.group & 1], a_thread);
+  pin_split(a[en.group & 1]);
   wgmma_fence();
-  strict_issue<KS, E>(part[E % K], a[E % K], bh16, bl16);
+  strict_issue<KS, E>(part[E & 1], a[en.group & 1], bh16, bl16);
   wgmma_commit();
-  if constexpr (E >= K - 1) {
-    wgmma_wait<K - 1>();
-    strict_retire<KS, K, E - (K - 1)>(sum, part, pool);
+  if constexpr (E > 0) {
+    // The previous entry's part, while this entry's products run.
+    constexpr StrictEntry prev = strict_entry<KS>(E - 1);
+    wgmma_wait<1>();
+    pin16(part[(E - 1) & 1]);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) acc[prev.slot][r] += part[(E - 1) & 1][r];
   }
 }
 
-template <int KS, int K, typename Pool, int... E>
-__device__ __forceinline__ void strict_steps(float (&sum)[16], float (&part)[K][16], SplitA (&a)[K], Pool& pool,
+template <int KS, int... E>
+__device__ __forceinline__ void strict_steps(float (&acc)[8][16], float (&part)[2][16], SplitA (&a)[2],
                                              const uint8_t* a_thread, uint32_t bh16, uint32_t bl16,
                                              std::integer_sequence<int, E...>) {
-  (strict_step<KS, K, E>(sum, part, a, pool, a_thread, bh16, bl16), ...);
-}
-template <int KS, int K, int FIRST, typename Pool, int... D>
-__device__ __forceinline__ void strict_drain(float (&sum)[16], float (&part)[K][16], Pool& pool,
-                                             std::integer_sequence<int, D...>) {
-  (strict_retire<KS, K, FIRST + D>(sum, part, pool), ...);
+  (strict_step<KS, E>(acc, part, a, a_thread, bh16, bl16), ...);
 }
 
-// Entries in flight per consumer: each holds 16 registers of its part and 12 of its split A fragment. With 4 the
-// consumers spilled 120-420 bytes at 208 registers (ptxas 13.0).
-constexpr int kStrictDepth = 3;
-
-// The tile's pooled values (before the monotone form's epilogue) into pool.best. a_thread: the thread's first A word
-// of the tile in the stage (load_split); bh16, bl16: B's copies in 16-byte units.
-template <int KS, typename Pool>
-__device__ __forceinline__ void strict_tile_pool(Pool& pool, const uint8_t* a_thread, uint32_t bh16, uint32_t bl16) {
-  constexpr int kEntries = 27 * KS, K = kStrictDepth;
-  // Opaque bases: left visible, the compiler computes the tile's B descriptors once, outside the consumer's tile
+// The tile's sums into acc (every slot, from +0 as the mma.sync kernel's accumulators). a_thread: the thread's first
+// A word of the tile in the stage (load_split); bh16, bl16: B's copies in 16-byte units.
+template <int KS>
+__device__ __forceinline__ void strict_tile_products(float (&acc)[8][16], const uint8_t* a_thread, uint32_t bh16,
+                                                     uint32_t bl16) {
+  constexpr int kEntries = 27 * KS;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) acc[j][r] = 0.f;
+  // Opaque bases: left visible, the compiler computes the tile's 108 B descriptors once, outside the consumer's tile
   // loop, and spills them.
   asm volatile("" : "+r"(bh16), "+r"(bl16));
-  float sum[16], part[K][16];
-  SplitA a[K];
-#pragma unroll
-  for (int r = 0; r < 16; ++r) sum[r] = 0.f;
-  strict_steps<KS, K>(sum, part, a, pool, a_thread, bh16, bl16, std::make_integer_sequence<int, kEntries>{});
+  float part[2][16];
+  SplitA a[2];
+  strict_steps<KS>(acc, part, a, a_thread, bh16, bl16, std::make_integer_sequence<int, kEntries>{});
+  constexpr StrictEntry last = strict_entry<KS>(kEntries - 1);
   wgmma_wait<0>();
-  strict_drain<KS, K, kEntries - (K - 1)>(sum, part, pool, std::make_integer_sequence<int, K - 1>{});
-}
-
-// One tile of strict float32: products, pool and stores.
-template <int KS>
-__device__ __forceinline__ void strict_tile(const Params& p, const uint8_t* a_thread, uint32_t bh16, uint32_t bl16,
-                                            const TileOrigin& u, int mt, int warp, int g, int t,
-                                            const EpilogueArgs& a) {
-  using Out = OutputTraits<Mode::kStrict, false>;
-  StrictPool pool{{}, &p, &a, t};
-  strict_tile_pool<KS>(pool, a_thread, bh16, bl16);
-  if (!a.exact) {
+  pin16(part[(kEntries - 1) & 1]);
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int c = acc_channel(r, t);
-      const float m = a.mult[c];
-      pool.best[r] = Out::epilogue((m < 0.f ? -pool.best[r] : pool.best[r]) + a.bias[c], m, p.s1, p.s2);
-    }
-  }
-  store_outputs(p, u, mt, warp, g, t, a, [&](int64_t o, int r) { Out::store(p, o, pool.best[r]); });
+  for (int r = 0; r < 16; ++r) acc[last.slot][r] += part[(kEntries - 1) & 1][r];
 }
 
 }  // namespace hopper
