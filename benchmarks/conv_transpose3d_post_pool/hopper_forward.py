@@ -2,7 +2,7 @@
 accuracy against float64 beside cuDNN's, and device time, per precision and form.
 
     python benchmarks/conv_transpose3d_post_pool/hopper_forward.py [--batches 16,1] \
-        [--precisions tf32,bf16,fp16,mixed,autocast] [--split auto|units|halves] [--once [--train]]
+        [--precisions tf32,bf16,fp16,mixed,autocast,strict] [--split auto|units|halves] [--once [--train]]
 
 Both kernels run through the operator (torch.ops.fused), switched by torch_fused_ops._C._conv_forward_kernel (2: the
 sm_90a kernel wherever it can run, 1: mma.sync; the operators' own choice, 0, takes the faster of the two by size). *agree*: the fraction of outputs bit-equal between the kernels (the
@@ -10,6 +10,8 @@ summation order differs, so not all are); *rel L2*: against the float64 chain on
 own convolution in the same precision beside it. Device time: CUDA-graph replays, median. *autocast*: the mixed form
 on float32 operands through fused._conv_transpose3d_post_pool_cast (what torch.autocast's kernel calls): the sm_90a
 kernel rounds them as it loads them, the mma.sync column casts them first (three cast kernels), inference only.
+*strict*: float32 with TF32 off (torch.backends.cudnn.allow_tf32 = False, for cuDNN too), inference only: the
+three-product split on both kernels (strict float32's training form runs the mma.sync kernel).
 --split: how the sm_90a kernel hands out work (torch_fused_ops._C._conv_hopper_split): by units, by half units (one
 tile per consumer), or the launcher's choice (halves where there are fewer units than blocks).
 --once: two inference calls of the sm_90a kernel per precision at the first batch and nothing else, for Nsight Compute
@@ -54,8 +56,10 @@ def rel_l2(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-DTYPES = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "mixed": torch.bfloat16,
-          "autocast": torch.bfloat16}
+DTYPES = {"tf32": torch.float32, "strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "mixed": torch.bfloat16, "autocast": torch.bfloat16}
+# Precisions with an inference form only on the sm_90a kernel (strict float32's training form runs mma.sync).
+INFERENCE_ONLY = ("autocast", "strict")
 
 
 def inputs_cast(precision):
@@ -78,6 +82,8 @@ def case_inputs(batch, precision):
 
 
 def case(batch, precision, train):
+    # strict: float32 with TF32 off, for the op and cuDNN alike.
+    torch.backends.cudnn.allow_tf32 = precision != "strict"
     cast_to = inputs_cast(precision)
     x, w, b, m = case_inputs(batch, precision)
     outs = {}
@@ -117,7 +123,8 @@ def ablate(batch, precisions):
         for precision in precisions:
             cast_to = inputs_cast(precision)
             x, w, b, m = case_inputs(batch, precision)
-            for train in (False,) if precision == "autocast" else (False, True):
+            torch.backends.cudnn.allow_tf32 = precision != "strict"
+            for train in (False,) if precision in INFERENCE_ONLY else (False, True):
                 row = []
                 for _, bits in ABLATIONS:
                     prev = _C._conv_hopper_ablation(bits)
@@ -134,7 +141,7 @@ def ablate(batch, precisions):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="16,1")
-    ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed,autocast")
+    ap.add_argument("--precisions", default="tf32,bf16,fp16,mixed,autocast,strict")
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--train", action="store_true", help="with --once: the training form")
@@ -147,6 +154,7 @@ def main():
         batch = int(args.batches.split(",")[0])
         _C._conv_forward_kernel(2)
         for precision in args.precisions.split(","):
+            torch.backends.cudnn.allow_tf32 = precision != "strict"
             inputs = case_inputs(batch, precision)
             for _ in range(2):
                 op(*inputs, args.train, inputs_cast(precision))
@@ -160,7 +168,7 @@ def main():
     print("| ---: | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for batch in (int(v) for v in args.batches.split(",")):
         for precision in args.precisions.split(","):
-            for train in (False,) if precision == "autocast" else (False, True):
+            for train in (False,) if precision in INFERENCE_ONLY else (False, True):
                 r = case(batch, precision, train)
                 print(f"| {batch} | {precision} | {r['form']} | {r['wgmma_us']:.1f} | {r['mma_us']:.1f} | "
                       f"{r['mma_us'] / r['wgmma_us']:.2f} | {', '.join(f'{a:.4f}' for a in r['agree'])} | "

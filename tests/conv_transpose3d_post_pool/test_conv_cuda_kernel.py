@@ -311,7 +311,8 @@ def test_cuda_graph_replay_and_no_sync(tf32_setting):
 @pytest.mark.parametrize("batch", [1, 16])
 def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
     """The switch picks the kernel it names: wgmma forced runs the sm_90a kernel at any size; auto runs it at the
-    KernelBench size, batch 16 and batch 1 (there by half units); strict float32 always runs mma.sync."""
+    KernelBench size, batch 16 and batch 1 (there by half units), strict float32's inference form included; strict
+    float32's training form runs mma.sync."""
     if not _wgmma_available():
         pytest.skip("the sm_90a kernel needs a build for 9.0a and a compute capability 9.0 GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -319,32 +320,37 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
     w = torch.randn(16, 32, 3, 3, 3, device="cuda", generator=g)
     m = torch.randn(32, 1, 1, 1, device="cuda", generator=g)
 
-    def kernels(allow_tf32):
+    def kernels(allow_tf32, train=False):
         tf32_setting(allow_tf32)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fused(x, w, None, m, 0.2, 0.2, (1, 1, 1), False)
+            fused(x, w, None, m, 0.2, 0.2, (1, 1, 1), train)
             torch.cuda.synchronize()
         return [e.name for e in prof.events() if "conv_transpose3d_post_pool" in e.name]
 
-    names = kernels(True)
-    assert names, "no fused kernel ran"
-    assert all("hopper" in n for n in names), names
-    assert not any("hopper" in n for n in kernels(False)), "strict float32 has no wgmma form"
+    for allow_tf32 in (True, False):
+        names = kernels(allow_tf32)
+        assert names, "no fused kernel ran"
+        assert all("hopper" in n for n in names), names
+    strict_train = kernels(False, train=True)
+    assert strict_train and not any("hopper" in n for n in strict_train), "strict training has no wgmma form"
 
 
-@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed"])
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed", "strict"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("cin,cout,shape,op", [(16, 32, (2, 6, 9, 37), (1, 0, 1)), (3, 5, (1, 4, 17, 8), (0, 1, 1)),
                                                (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1))])
 def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
-    """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within), so on random data
-    they agree bit for bit: outputs, selected values and offsets, with NaN where both have NaN."""
+    """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within; strict float32: the
+    same three products per k-step into a fresh accumulator, then IEEE adds), so on random data they agree bit for
+    bit: outputs, selected values and offsets, with NaN where both have NaN."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
+    if prec == "strict" and train:
+        pytest.skip("strict float32's training form runs the mma.sync kernel under either choice")
     from torch_fused_ops import _C
 
-    tf32_setting(True)
-    dt = torch.float32 if prec == "tf32" else (torch.float16 if prec == "fp16" else torch.bfloat16)
+    tf32_setting(prec != "strict")
+    dt = torch.float32 if prec in ("tf32", "strict") else (torch.float16 if prec == "fp16" else torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(cin * 100 + cout)
     n, d, h, w_ = shape
     x = torch.randn(n, cin, d, h, w_, device="cuda", generator=g).to(dt)
@@ -364,7 +370,7 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed", "strict"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("split", ["units", "halves"])
 @pytest.mark.parametrize("shape", [(1, 4, 9, 33), (3, 10, 20, 70)], ids=["few_units", "many_units"])
@@ -372,13 +378,18 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
     """The sm_90a kernel hands out work by units (a consumer computes a unit's 4 tiles) or by half units (both
     consumers on each, one tile each; auto's choice with fewer units than blocks): either way, with few units per
     block or many (the stage ring wrapping), the mma.sync kernel's outputs, selected values and offsets bit for bit,
-    with an infinite input and an infinite weight (whose far-edge outputs are recomputed per stored tile)."""
+    with an infinite input and an infinite weight (whose far-edge outputs are recomputed per stored tile). Strict
+    float32: the block holding the infinite weight (channels 32..39) recomputes all its outputs from global memory in
+    float32 (no split there), so it matches the mma.sync kernel's non-finite outputs exactly and its finite ones to
+    float32 rounding; the other block bit for bit."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
+    if prec == "strict" and train:
+        pytest.skip("strict float32's training form runs the mma.sync kernel under either choice")
     from torch_fused_ops import _C
 
-    tf32_setting(True)
-    dt = torch.float32 if prec == "tf32" else torch.bfloat16
+    tf32_setting(prec != "strict")
+    dt = torch.float32 if prec in ("tf32", "strict") else torch.bfloat16
     cin, cout = 5, 40
     n, d, h, w_ = shape
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -398,7 +409,12 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
             _C._conv_forward_kernel(prev)
             _C._conv_hopper_split(prev_split)
     for a, ref in zip(*outs):
-        torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+        if prec == "strict":
+            torch.testing.assert_close(a[:, :32], ref[:, :32], rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(a[:, 32:].isnan(), ref[:, 32:].isnan())
+            torch.testing.assert_close(a[:, 32:], ref[:, 32:], rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])

@@ -73,19 +73,20 @@ int chunk_words_for(at::ScalarType dtype, int64_t Cin, int64_t* padded_words = n
 int smem_optin_of(int device) { return static_cast<int>(shared_memory_optin(device)); }
 
 // Whether the sm_90a kernel runs: built for sm_90a (setup.py defines FUSED_SM90A then), a compute capability 9.0
-// GPU (sm_90a machine code runs on no other), TF32 or 16-bit operands (strict float32 keeps the mma.sync kernel's
-// three-product split), at most 16 input channels (its resident weights), and not switched off. Left to itself
+// GPU (sm_90a machine code runs on no other), at most 16 input channels (its resident weights), not strict float32's
+// training form (the sm_90a kernel has its inference form only: hopper/strict.cuh), and not switched off. Left to itself
 // (kAuto) it runs wherever it can: on an H200 it measured faster than the mma.sync kernel in every form at batch 16
 // (7.75 units per multiprocessor; a unit is one pooled plane of 8 x 32 positions) and at batch 1 (0.5 units per
 // multiprocessor, the kernel then handing out half units): docs/performance.md,
 // benchmarks/conv_transpose3d_post_pool/hopper_forward.py.
-bool hopper_applies(Mode mode, int64_t Cin, int device) {
+bool hopper_applies(Mode mode, bool train, int64_t Cin, int device) {
 #if defined(FUSED_SM90A)
   const ConvForwardKernel choice = conv_forward_kernel_choice();
-  return choice != ConvForwardKernel::kMmaSync && mode != Mode::kStrict && Cin <= 16 && Cin >= 1 &&
+  return choice != ConvForwardKernel::kMmaSync && !(mode == Mode::kStrict && train) && Cin <= 16 && Cin >= 1 &&
          compute_capability_major(device) == 9 && compute_capability_minor(device) == 0;
 #else
   (void)mode;
+  (void)train;
   (void)Cin;
   (void)device;
   return false;
@@ -104,7 +105,7 @@ Mode mode_of(at::ScalarType dtype, bool allow_tf32) {
 bool conv_transpose3d_post_pool_cuda_rounds_operands(at::ScalarType dtype, const at::Tensor& input) {
   using namespace conv_transpose3d_post_pool;
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  return hopper_applies(mode_of(dtype, true), input.size(1), input.get_device());
+  return hopper_applies(mode_of(dtype, true), false, input.size(1), input.get_device());
 }
 
 bool conv_transpose3d_post_pool_cuda_fits(at::ScalarType dtype, int64_t Cin, int device) {
@@ -216,7 +217,7 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
   p.n_tiles = N * p.tiles_d * p.tiles_h * p.tiles_w;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
-  const bool hopper = hopper_applies(mode, Cin, device);
+  const bool hopper = hopper_applies(mode, train, Cin, device);
   if (cast) {
     // Only where conv_transpose3d_post_pool_cuda_rounds_operands said so.
     TORCH_INTERNAL_ASSERT(hopper && mixed && !train);
@@ -227,6 +228,8 @@ void launch_conv_transpose3d_post_pool_cuda(const at::Tensor& input, const at::T
     switch (mode) {
       case Mode::kTF32:
         return hopper::launch_hopper_form<Mode::kTF32, false>(p, train, stream);
+      case Mode::kStrict:
+        return hopper::launch_hopper_form<Mode::kStrict, false>(p, train, stream);
       case Mode::kBF16:
         return mixed ? hopper::launch_hopper_form<Mode::kBF16, true>(p, train, stream)
                      : hopper::launch_hopper_form<Mode::kBF16, false>(p, train, stream);

@@ -264,6 +264,19 @@ __device__ void fix_unit_edges(const Params& p, const TileOrigin& u, int co0, in
   }
 }
 
+// Every pooled output of the unit's columns [col0, col0 + cols) recomputed from global memory (as fix_unit_edges
+// does for the far edge): strict float32's blocks whose weights have a non-finite high part (kernel.cuh).
+template <Mode M>
+__device__ void recompute_unit(const Params& p, const TileOrigin& u, int co0, int ctid, int col0, int cols) {
+  for (int i = ctid; i < kTH * cols * kCoBlock; i += 128) {
+    const int co = co0 + i % kCoBlock;
+    const int qw = u.qw0 + col0 + (i / kCoBlock) % cols;
+    const int qh = u.qh0 + i / (kCoBlock * cols);
+    if (co >= p.Cout || qh >= p.PH || qw >= p.PW) continue;
+    recompute_exact_output<M, false, false, false>(p, u.n, u.qd0, qh, qw, co);
+  }
+}
+
 }  // namespace hopper
 }  // namespace conv_transpose3d_post_pool
 }  // namespace fused

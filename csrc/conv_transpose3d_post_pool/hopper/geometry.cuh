@@ -90,8 +90,10 @@ struct Layout {
   static constexpr int kChunkBytes = kSlice * 16;
   static constexpr int kPlaneBytes = kChunks * kChunkBytes;
   static constexpr int kStageBytes = 2 * kPlaneBytes;
-  // B: per run, [chunk][column][16 bytes].
-  static constexpr int kBBytes = kCols * kChunks * 16;
+  // B: per run, [chunk][column][16 bytes]; strict float32 holds two copies, the weights' TF32 high parts, then
+  // their low parts (strict.cuh).
+  static constexpr int kBCopyBytes = kCols * kChunks * 16;
+  static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
   static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)

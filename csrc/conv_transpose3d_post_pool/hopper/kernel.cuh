@@ -13,6 +13,7 @@
 #include "conv_transpose3d_post_pool/contract.h"
 #include "conv_transpose3d_post_pool/hopper/epilogue.cuh"
 #include "conv_transpose3d_post_pool/hopper/stage.cuh"
+#include "conv_transpose3d_post_pool/hopper/strict.cuh"
 #include "conv_transpose3d_post_pool/hopper/trace.cuh"
 #include "conv_transpose3d_post_pool/hopper/wgmma_runs.cuh"
 #include "common/cuda_device.h"
@@ -41,6 +42,12 @@ constexpr int kConsumerRegs = 208;
 // every inference form (TF32 44.8 -> 47.5).
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kPipelined = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+// Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
+// whose consumers hold two 16-register parts and two split A fragments beside the 128 accumulators (strict.cuh),
+// with the training forms' kProducerRegs / kConsumerRegs.
+template <Mode M, bool TRAIN>
+constexpr bool kMovesRegisters = TRAIN || M == Mode::kStrict;
+
 // Their registers: the consumer holds the next tile's 128 accumulators in flight while it stores the previous
 // tile's PooledTile (34) with its addresses; 128 x 72 + 256 x 216 fill the launch's 384 x 168.
 constexpr int kPipelinedProducerRegs = 72;
@@ -117,9 +124,12 @@ __device__ __forceinline__ void issue_entries(float (&acc)[8][16], uint32_t a16,
 }
 
 // a_stage, b: shared addresses (16-byte aligned); mt: the tile (8 pooled columns each).
+// (Strict float32 has its own, strict_tile_products: its consumer loop never reaches this.)
 template <Mode M, int KS>
 __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_stage, uint32_t b, int mt) {
-  issue_entries<M, KS>(acc, (a_stage >> 4) + 8 * mt, b >> 4, std::make_integer_sequence<int, kRuns * KS>{});
+  if constexpr (M != Mode::kStrict) {
+    issue_entries<M, KS>(acc, (a_stage >> 4) + 8 * mt, b >> 4, std::make_integer_sequence<int, kRuns * KS>{});
+  }
 }
 
 // The pipelined consumer loop's steps (kernel below). Issues the products of tile i of consumer item k (waiting
@@ -212,7 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
   const int wg = tid / 128;
   if (wg == 0) {
-    if constexpr (TRAIN) release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
+    if constexpr (kMovesRegisters<M, TRAIN>) {
+      release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
+    }
     const int64_t items = work_items(p);
     for (int64_t k = 0;; ++k) {
       const int64_t item = blockIdx.x + k * gridDim.x;
@@ -223,10 +235,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (tid == 0) trace_mark(p, producer_slot(k, 0));
       if (round > 0) mbar_wait(&empty[stage], (round - 1) & 1u);
       // The ring's last stages held the raw weights until the consumers built B from them.
-      if (!CAST && p.w_bulk && k == RawWeights<M, KS>::kFirstStage) mbar_wait(raw_free, 0);
+      if constexpr (!CAST && M != Mode::kStrict) {
+        if (p.w_bulk && k == RawWeights<M, KS>::kFirstStage) mbar_wait(raw_free, 0);
+      }
       if (tid == 0) trace_mark(p, producer_slot(k, 1));
       if (!ablated(p, kAblateStaging)) {
-        stage_unit<M, KS, CAST, !TRAIN>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit), tid);
+        stage_unit<M, KS, CAST, !kMovesRegisters<M, TRAIN>>(p, sStages + stage * L::kStageBytes, unit_origin(p, unit),
+                                                            tid);
       }
       if (tid == 0) trace_mark(p, producer_slot(k, 2));
       mbar_arrive(&full[stage]);
@@ -236,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
 
   bool w_nonfinite;
-  if constexpr (!CAST) {
+  if constexpr (!CAST && M != Mode::kStrict) {
     w_nonfinite = p.w_bulk ? stage_weights_bulk<M, KS>(p, sB, sStages + RawWeights<M, KS>::kFirstStage * L::kStageBytes,
                                                        landed, tap_table, co0, sMult, !exact, tid - 128)
                            : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
@@ -248,7 +263,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // racecheck reported the one-thread form once a producer reached the raw weights' stages).
   if (p.w_bulk) mbar_arrive(raw_free);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
-  if constexpr (TRAIN) claim_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedConsumerRegs : kConsumerRegs>();
+  if constexpr (kMovesRegisters<M, TRAIN>) {
+    claim_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedConsumerRegs : kConsumerRegs>();
+  }
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
@@ -291,6 +308,47 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         finish_tile<M, MIXED>(p, pooled, k, i, item_done, item_tiles, fix_edges, ctid, args);
         k = k_next;
         i = i_next;
+      }
+    }
+    if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
+    return;
+  }
+
+  if constexpr (M == Mode::kStrict) {
+    // Strict float32 (inference only): each consumer takes its items' tiles in turn, no turns at the tensor cores
+    // (its own products keep one entry in flight while it adds the other: strict.cuh). A block whose weights have a
+    // non-finite high part (w_nonfinite, block-uniform through fix_edges) recomputes its outputs from global memory
+    // instead, exactly (recompute_unit): the split needs cross(B) there, which B's two copies do not hold.
+    static_assert(!TRAIN && !MIXED && !CAST, "strict float32: the inference form");
+    const int64_t items = work_items(p);
+    const int item_tiles = p.halves ? 1 : kMTiles;
+    const uint32_t bh16 = b_addr >> 4, bl16 = (b_addr + L::kBCopyBytes) >> 4;
+    for (int64_t k = p.halves ? 0 : c;; k += p.halves ? 1 : kConsumers) {
+      const int64_t item = blockIdx.x + k * gridDim.x;
+      if (item >= items) break;
+      const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
+      const int64_t tk = traced_item(p, k, c);
+      const int stage = static_cast<int>(k % L::kStages);
+      const TileOrigin u = unit_origin(p, item_unit(p, item));
+      if (ctid == 0) trace_mark(p, consumer_slot(tk, 0));
+      mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
+      if (ctid == 0) trace_mark(p, consumer_slot(tk, 1));
+      if (fix_edges) {
+        mbar_arrive(&empty[stage]);
+        recompute_unit<M>(p, u, co0, ctid, 8 * mt0, 8 * item_tiles);
+        continue;
+      }
+      // The thread's first A word of tile 0: its warp's first halo row, column g, k-word t (strict.cuh).
+      const uint8_t* const a_thread = sStages + stage * L::kStageBytes + ((2 * warp) * kHaloW + g) * 16 + 4 * t;
+#pragma unroll 1
+      for (int i = 0; i < item_tiles; ++i) {
+        const int mt = mt0 + i;
+        if (!ablated(p, kAblateMma)) strict_tile_products<KS>(acc, a_thread + 8 * mt * 16, bh16, bl16);
+        pin_all(acc);
+        if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
+        if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args);
+        if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
       }
     }
     if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
@@ -389,7 +447,7 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   // 16-byte aligned (a block's first channel is a multiple of 32, so its rows start on 16 bytes when the weight does
   // and Cout x 27 elements are whole 16 bytes).
   const int64_t ew = Source<M, CAST>::kElemBytes;
-  p.w_bulk = !CAST && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
+  p.w_bulk = !CAST && M != Mode::kStrict && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
              (27 * int64_t{p.Cout} * ew) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
@@ -401,6 +459,10 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   } else if constexpr (ModeTraits<M>::kHalf) {
     if (train) return launch_hopper_one<M, 1, true, MIXED, false>(p, stream);
     return launch_hopper_one<M, 1, false, MIXED, false>(p, stream);
+  } else if constexpr (M == Mode::kStrict) {
+    TORCH_INTERNAL_ASSERT(!train, "the sm_90a kernel has the inference form of strict float32 only");
+    if (p.Cin <= 8) return launch_hopper_one<M, 1, false, false, false>(p, stream);
+    return launch_hopper_one<M, 2, false, false, false>(p, stream);
   } else {
     if (p.Cin <= 8) {
       if (train) return launch_hopper_one<M, 1, true, MIXED, false>(p, stream);

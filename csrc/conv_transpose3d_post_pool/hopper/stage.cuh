@@ -18,14 +18,21 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 rounded to TF32, or one 16-bit half
+// A float32 input element as staged: rounded to TF32, or as it is for strict float32 (whose consumers split it into
+// TF32 parts in registers: strict.cuh).
+template <Mode M>
+__device__ __forceinline__ uint32_t staged_word(float v) {
+  return M == Mode::kStrict ? __float_as_uint(v) : tf32_round(v);
+}
+
+// Element `c` (< kChunkElems) of a chunk as the staged word's bits: float32 as staged_word, or one 16-bit half
 // (CAST: rounded from float32, source.cuh).
 template <Mode M, bool CAST>
 __device__ __forceinline__ uint32_t staged_bits(const void* base, int64_t at) {
   if constexpr (ModeTraits<M>::kHalf) {
     return Source<M, CAST>::bits16(base, at);
   } else {
-    return tf32_round(__ldg(static_cast<const float*>(base) + at));
+    return staged_word<M>(__ldg(static_cast<const float*>(base) + at));
   }
 }
 
@@ -161,17 +168,22 @@ __device__ __forceinline__ int tap_offset(int tap, int& chunk_stride) {
 // at different times; beside TF32's 208 KB of shared memory the L1 keeps ~47 KB, less than the 55 KB of weights, so
 // those sectors come from L2 again and again (the kernel's fixed cost measured 24.9 us in TF32 against 13.3 in bf16,
 // whose 28 KB of weights stay in L1).
-template <int KS>
+//
+// Strict float32 (M = kStrict) stores each weight's split (tf32_split): its TF32 high part in B's first copy, its low
+// part in the second (geometry.cuh); a high part that is not finite (an infinite or NaN weight, or one that rounds
+// to infinity) counts as non-finite, and the block then computes without the tensor cores (kernel.cuh).
+template <Mode M, int KS>
 __device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table, int co0, const float* sMult,
                                    bool negate, int ctid) {
-  using L = Layout<Mode::kTF32, KS>;
+  static_assert(M == Mode::kTF32 || M == Mode::kStrict, "float32 weights");
+  using L = Layout<M, KS>;
   constexpr int kStagers = 128 * kConsumers;
   constexpr int kCapacity = L::kChunks * 4;  // input channels B holds (the launcher keeps Cin within it)
   // Zero for the channels past Cout (the real channels' places are all written below).
   for (int i = ctid; i < L::kBBytes / 16; i += kStagers) reinterpret_cast<uint4*>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (ctid < 27) {
     int stride;
-    tap_table[2 * ctid] = tap_offset<Mode::kTF32, KS>(ctid, stride);
+    tap_table[2 * ctid] = tap_offset<M, KS>(ctid, stride);
     tap_table[2 * ctid + 1] = stride;
   }
   consumers_sync();
@@ -196,14 +208,26 @@ __device__ bool stage_weights_tf32(const Params& p, uint8_t* sB, int* tap_table,
     // the gather stores, bit for bit, -0 included), one 16-byte chunk of 4 channels per store.
 #pragma unroll
     for (int k = 0; k < kCapacity / 4; ++k) {
-      uint32_t v[4];
+      uint32_t v[4], lo[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int ci = 4 * k + e;
-        v[e] = ci < p.Cin ? tf32_round(raw[ci]) : 0u;
+        if constexpr (M == Mode::kStrict) {
+          uint32_t hi, l, cross;
+          tf32_split(__float_as_uint(raw[ci]), hi, l, cross);
+          v[e] = ci < p.Cin ? hi : 0u;
+          lo[e] = ci < p.Cin ? l : 0u;
+        } else {
+          v[e] = ci < p.Cin ? tf32_round(raw[ci]) : 0u;
+          lo[e] = 0u;
+        }
         nonfinite |= !(fabsf(__uint_as_float(v[e])) < __int_as_float(0x7f800000));
       }
       *reinterpret_cast<uint4*>(dst + k * stride) = make_uint4(v[0] ^ flip, v[1] ^ flip, v[2] ^ flip, v[3] ^ flip);
+      if constexpr (M == Mode::kStrict) {
+        *reinterpret_cast<uint4*>(dst + L::kBCopyBytes + k * stride) =
+            make_uint4(lo[0] ^ flip, lo[1] ^ flip, lo[2] ^ flip, lo[3] ^ flip);
+      }
     }
   }
   fence_proxy_async();
@@ -308,8 +332,8 @@ __device__ bool stage_weights_bulk(const Params& p, uint8_t* sB, uint8_t* raw, u
 template <Mode M, int KS, bool CAST>
 __device__ bool stage_weights(const Params& p, uint8_t* sB, int* tap_table, int co0, const float* sMult, bool negate,
                               int ctid) {
-  if constexpr (M == Mode::kTF32) {
-    return stage_weights_tf32<KS>(p, sB, tap_table, co0, sMult, negate, ctid);
+  if constexpr (!ModeTraits<M>::kHalf) {
+    return stage_weights_tf32<M, KS>(p, sB, tap_table, co0, sMult, negate, ctid);
   } else {
     (void)tap_table;
     return stage_weights_gather<M, KS, CAST>(p, sB, co0, sMult, negate, ctid);
@@ -423,10 +447,10 @@ __device__ void stage_unit_rows(const Params& p, uint8_t* stage, const TileOrigi
           o.z = __byte_perm(w32[4][q >> 1], w32[5][q >> 1], sel);
           o.w = __byte_perm(w32[6][q >> 1], w32[7][q >> 1], sel);
         } else {
-          o.x = tf32_round(__uint_as_float(w32[0][q]));
-          o.y = tf32_round(__uint_as_float(w32[1][q]));
-          o.z = tf32_round(__uint_as_float(w32[2][q]));
-          o.w = tf32_round(__uint_as_float(w32[3][q]));
+          o.x = staged_word<M>(__uint_as_float(w32[0][q]));
+          o.y = staged_word<M>(__uint_as_float(w32[1][q]));
+          o.z = staged_word<M>(__uint_as_float(w32[2][q]));
+          o.w = staged_word<M>(__uint_as_float(w32[3][q]));
         }
         *reinterpret_cast<uint4*>(dst + q * 16) = o;
       }
