@@ -247,34 +247,29 @@ __device__ __forceinline__ void store_pooled(const Params& p, const PooledTile& 
   });
 }
 
-// Where the block saw an infinite or NaN weight: the tensor cores multiplied it by the zero staged for a missing
-// neighbour (q + 1 past the input), NaN where the convolution has no term. The unit's pooled outputs on the input's
-// far edge are recomputed exactly from global memory, one thread per (position, channel) of the warpgroup (ctid
-// 0..127), after the warpgroup's stores (the caller's barrier). Only the unit's columns [col0, col0 + cols), the
-// tiles this warpgroup stored (another block or consumer may store the rest of the unit later).
-template <Mode M, bool TRAIN, bool MIXED, bool CAST>
-__device__ void fix_unit_edges(const Params& p, const TileOrigin& u, int co0, int ctid, int col0, int cols) {
-  for (int i = ctid; i < kTH * cols * kCoBlock; i += 128) {
-    const int co = co0 + i % kCoBlock;
-    const int qw = u.qw0 + col0 + (i / kCoBlock) % cols;
-    const int qh = u.qh0 + i / (kCoBlock * cols);
-    if (co >= p.Cout || qh >= p.PH || qw >= p.PW) continue;
-    if (u.qd0 + 1 < p.D && qh + 1 < p.H && qw + 1 < p.W) continue;
-    recompute_exact_output<M, TRAIN, MIXED, CAST>(p, u.n, u.qd0, qh, qw, co);
-  }
-}
-
-// Every pooled output of the unit's columns [col0, col0 + cols) recomputed from global memory (as fix_unit_edges
-// does for the far edge): strict float32's blocks whose weights have a non-finite high part (kernel.cuh).
-template <Mode M>
+// Pooled outputs of the unit's columns [col0, col0 + cols) (the tiles this warpgroup stored; another block or consumer
+// may store the rest of the unit later) recomputed exactly from global memory, one thread per (position, channel) of
+// the warpgroup (ctid 0..127), after the warpgroup's stores (the caller's barrier). EDGES_ONLY: only those on the
+// input's far edge. Two uses: where the block saw an infinite or NaN weight, the tensor cores multiplied it by the zero
+// staged for a missing neighbour (q + 1 past the input), NaN where the convolution has no term, so the far edge is
+// redone (fix_unit_edges); strict float32's blocks whose weights have a non-finite high part redo every output
+// (kernel.cuh).
+template <Mode M, bool TRAIN, bool MIXED, bool CAST, bool EDGES_ONLY>
 __device__ void recompute_unit(const Params& p, const TileOrigin& u, int co0, int ctid, int col0, int cols) {
   for (int i = ctid; i < kTH * cols * kCoBlock; i += 128) {
     const int co = co0 + i % kCoBlock;
     const int qw = u.qw0 + col0 + (i / kCoBlock) % cols;
     const int qh = u.qh0 + i / (kCoBlock * cols);
     if (co >= p.Cout || qh >= p.PH || qw >= p.PW) continue;
-    recompute_exact_output<M, false, false, false>(p, u.n, u.qd0, qh, qw, co);
+    if (EDGES_ONLY && u.qd0 + 1 < p.D && qh + 1 < p.H && qw + 1 < p.W) continue;
+    recompute_exact_output<M, TRAIN, MIXED, CAST>(p, u.n, u.qd0, qh, qw, co);
   }
+}
+
+template <Mode M, bool TRAIN, bool MIXED, bool CAST>
+__device__ __forceinline__ void fix_unit_edges(const Params& p, const TileOrigin& u, int co0, int ctid, int col0,
+                                               int cols) {
+  recompute_unit<M, TRAIN, MIXED, CAST, true>(p, u, co0, ctid, col0, cols);
 }
 
 }  // namespace hopper

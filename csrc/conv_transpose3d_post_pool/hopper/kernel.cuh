@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 1));
       if (fix_edges) {
         mbar_arrive(&empty[stage]);
-        recompute_unit<M>(p, u, co0, ctid, 8 * mt0, 8 * item_tiles);
+        recompute_unit<M, false, false, false, false>(p, u, co0, ctid, 8 * mt0, 8 * item_tiles);
         continue;
       }
       // The thread's first A word of tile 0: its warp's first halo row, column g, k-word t (strict.cuh).
