@@ -6,6 +6,8 @@
 #   OUT=$OUT bash benchmarks/conv_transpose3d_post_pool/stall_profile.sh [PRECISION] [--train]   (tf32, inference)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# An in-place build (setup.py build_ext --inplace) is imported from this tree; an installed one from anywhere.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 P=${1:-tf32} FORM=${2:-} HERE=benchmarks/conv_transpose3d_post_pool OUT=${OUT:-/tmp/stall_out}
 TAG="$P${FORM:+_train}"
 mkdir -p "$OUT"
