@@ -447,8 +447,10 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   // 16-byte aligned (a block's first channel is a multiple of 32, so its rows start on 16 bytes when the weight does
   // and Cout x 27 elements are whole 16 bytes).
   const int64_t ew = Source<M, CAST>::kElemBytes;
-  p.w_bulk = !CAST && M != Mode::kStrict && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 && p.sw[0] == 27 * int64_t{p.Cout} &&
-             (27 * int64_t{p.Cout} * ew) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  // Not strict float32, which builds B's two copies from gathered loads (stage_weights_tf32).
+  p.w_bulk = !CAST && M != Mode::kStrict && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 &&
+             p.sw[0] == 27 * int64_t{p.Cout} && (27 * int64_t{p.Cout} * ew) % 16 == 0 &&
+             reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;

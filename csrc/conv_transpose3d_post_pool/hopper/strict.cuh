@@ -19,7 +19,7 @@
 // Compute: issue active 43 %, stalls on long scoreboard and fixed latency; 74 M warp instructions, 22 % of them the
 // parts' IEEE adds, ~13 % the splits; the consumers spill ~300 bytes (128 accumulators, two parts, two split
 // fragments in 208 registers). Taken phase by phase instead (one phase's sum and the pool in registers, three entries
-// in flight, no spills) it ran 260 us: an A fragment split per entry (54 a tile, not 16) and every phase's epilogue
+// in flight, no spills) it ran 260 us: an A fragment split per entry (54 a tile, not 32) and every phase's epilogue
 // made 113 M instructions at the same issue rate.
 #pragma once
 
@@ -49,13 +49,6 @@ __device__ __forceinline__ void wgmma_rs_n32(float (&d)[16], const uint32_t (&a)
   (void)a;
   (void)b_desc;
   (void)scale_d;
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(FUSED_WGMMA_ENABLED)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -101,8 +94,8 @@ static_assert(strict_entry<2>(0).slot == 0 && strict_entry<2>(4).ks == 1 && stri
                   strict_entry<2>(54).run == -1,
               "27 entries per k-step");
 
-// The thread's A words for (shift s, k-step ks) of tile mt: `a` is the thread's first word in the stage (its warp's
-// first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo row, k-words
+// The thread's A words for (shift S, k-step KSTEP) of a tile: `a` is the thread's first word of the tile in the stage
+// (its warp's first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo row, k-words
 // t + 4 the next chunk.
 template <int KS, int S, int KSTEP>
 __device__ __forceinline__ void load_split(SplitA& out, const uint8_t* a) {

@@ -47,13 +47,15 @@ __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-// Waits until every committed group of this warpgroup is complete (its accumulators written, its shared-memory
-// operands read).
-__device__ __forceinline__ void wgmma_wait_all() {
+// Waits until at most N of this warpgroup's committed groups are pending (the older ones complete: their
+// accumulators written, their operands read).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
 #if defined(FUSED_WGMMA_ENABLED)
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 
 // Pins a register the wgmma write: the compiler may not move a read of it across this point (after the wait) or a
 // write of it past it (before the fence).
