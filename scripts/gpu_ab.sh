@@ -11,8 +11,9 @@
 # A tree given as DIR:trace is built as a measurement build (TORCH_FUSED_OPS_HOPPER_ABLATION=1) and runs
 # trace_call.py (inference, then training) instead of the bench: the kernel's own clock at its hand-offs.
 # AB_BENCH_ARGS: hopper_forward.py's (default --batches 16). AB_ROUNDS: bench rounds (default 2).
-# AB_TESTS: a pytest selection run in every product tree after the benches, -k $AB_TESTS_K (default cuda), at most
-# AB_TEST_TIMEOUT seconds each (default 150).
+# AB_TESTS: a pytest selection run in every product tree after the benches (or only in the trees AB_TEST_TREES names,
+# space-separated as given above), -k $AB_TESTS_K (default cuda), at most AB_TEST_TIMEOUT seconds each (default 150);
+# each tree's log in $OUT/ab_tests_<n>.log.
 # Output: $OUT/ab.txt (the builds' results, each tree's tables, the summary table, the tests' last lines); build
 # logs in /tmp/ab_build_*.log.
 set -uo pipefail
@@ -101,9 +102,11 @@ EOF
 if [ -n "${AB_TESTS:-}" ]; then
   for n in "${!dirs[@]}"; do
     [ "${traces[$n]}" = 0 ] || continue
+    if [ -n "${AB_TEST_TREES:-}" ] && [[ " $AB_TEST_TREES " != *" ${dirs[$n]} "* ]]; then continue; fi
     # shellcheck disable=SC2086
     in_tree "$n" timeout "${AB_TEST_TIMEOUT:-150}" python3 -m pytest -q -x --tb=short -p no:cacheprovider $AB_TESTS \
       -k "${AB_TESTS_K:-cuda}" > "/tmp/ab_tests_$n.log" 2>&1
     echo "tests in ${dirs[$n]}: rc=$? $(tail -1 "/tmp/ab_tests_$n.log")" | tee -a "$REPORT"
+    cp "/tmp/ab_tests_$n.log" "$OUT/ab_tests_$n.log"
   done
 fi
