@@ -95,8 +95,8 @@ static_assert(strict_entry<2>(0).slot == 0 && strict_entry<2>(4).ks == 1 && stri
               "27 entries per k-step");
 
 // The thread's A words for (shift S, k-step KSTEP) of a tile: `a` is the thread's first word of the tile in the stage
-// (its warp's first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo row, k-words
-// t + 4 the next chunk.
+// (its warp's first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo
+// row, k-words t + 4 the next chunk.
 template <int KS, int S, int KSTEP>
 __device__ __forceinline__ void load_split(SplitA& out, const uint8_t* a) {
   using L = Layout<Mode::kStrict, KS>;
