@@ -27,12 +27,21 @@ namespace fused {
 namespace conv_transpose3d_post_pool {
 namespace hopper {
 
-// Registers per thread of each role in the training form: 128 x 88 + 256 x 208 fill the multiprocessor's 64 K (the
+// The launch's registers per thread (__launch_bounds__(kThreads, 1): 64 K / 384, rounded down to a multiple of 8).
+// setmaxnreg moves registers between the roles within the block's 384 x 168: a consumer's increase waits until the
+// pool has them, so a split asking for more than the decreases free never starts.
+constexpr int kLaunchRegs = 168;
+__host__ __device__ constexpr bool fits_launch(int producer_regs, int consumer_regs) {
+  return 128 * producer_regs + 128 * kConsumers * consumer_regs <= kThreads * kLaunchRegs;
+}
+
+// Registers per thread of each role in the training form: 128 x 88 + 256 x 208 fill the launch's 384 x 168 (the
 // producer holds a batch of 16-byte loads in flight; the consumers' 128 accumulators and the training epilogue use
 // ~205). The inference form's consumers fit the launch's 168 (SASS: 166), so there no registers move and the
 // producer keeps 168: a whole unit's loads in one batch (stage_unit's WIDE).
 constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
+static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers exceed the launch's");
 
 // The 16-bit training forms (not mixed) pipeline each consumer's tiles (the consumer loop below): their epilogue
 // costs ~3x their products (3.2 against 1.2 us a tile, the kernel's own clock), and pipelined they measured 2-4 us
@@ -52,6 +61,7 @@ constexpr bool kMovesRegisters = TRAIN || M == Mode::kStrict;
 // tile's PooledTile (34) with its addresses; 128 x 72 + 256 x 216 fill the launch's 384 x 168.
 constexpr int kPipelinedProducerRegs = 72;
 constexpr int kPipelinedConsumerRegs = 216;
+static_assert(fits_launch(kPipelinedProducerRegs, kPipelinedConsumerRegs), "the roles' registers exceed the launch's");
 
 // Whether a measurement build leaves `part` out (ablation.h); false, at compile time, in every other build.
 __device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
