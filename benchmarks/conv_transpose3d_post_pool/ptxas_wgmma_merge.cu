@@ -5,6 +5,8 @@
 // four slots. Not seen with -Xptxas -O0, nor when each entry has its own part registers, nor when the part starts
 // from zeroed registers with scale-d 1. tests/conv_transpose3d_post_pool/test_hopper_sass.py checks that the built
 // kernels hold none of it. A strict float32 split without finiteness tests (tf32_split_finite) met it in the kernel.
+// Self-contained on purpose (no project or torch headers, one nvcc line), so that it can go to a compiler bug report
+// as it is: its wgmma wrapper repeats hopper/strict.cuh's wgmma_rs_n32.
 //
 //   nvcc -c ptxas_wgmma_merge.cu -o /tmp/m.o -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17
 //   cuobjdump -sass /tmp/m.o | grep -c 'F32.TF32'     # 24 expected; 6 with CUDA 13.0's ptxas
