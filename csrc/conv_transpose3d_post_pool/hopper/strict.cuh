@@ -12,15 +12,17 @@
 //
 // A tile's products are 27 x KS entries, one per (slot, k-step), each three m64 x n32 x k8 wgmma into one of two
 // 16-register parts: the entry's wgmma go out, then the previous entry's part is waited for and added, so the tensor
-// cores always hold one entry while the warpgroup adds the other. Each (run, k-step) loads and splits its A fragment
-// once for the run's slots.
+// cores always hold one entry while the warpgroup adds the other. Each (shift, k-step) loads and splits its A
+// fragment once, for every slot of the shift's runs (they are consecutive in the run table).
 //
-// Where it stands (H200, KernelBench size): 161 us against the mma.sync kernel's 217, bit for bit the same. Nsight
-// Compute: issue active 43 %, stalls on long scoreboard and fixed latency; 74 M warp instructions, 22 % of them the
-// parts' IEEE adds, ~13 % the splits; the consumers spill ~300 bytes (128 accumulators, two parts, two split
-// fragments in 208 registers). Taken phase by phase instead (one phase's sum and the pool in registers, three entries
-// in flight, no spills) it ran 260 us: an A fragment split per entry (54 a tile, not 32) and every phase's epilogue
-// made 113 M instructions at the same issue rate.
+// Where it stood with a fragment per (run, k-step), 32 loads and splits a tile instead of 16 (H200, KernelBench size):
+// 161 us against the mma.sync kernel's 217, bit for bit the same. Nsight Compute: issue active 43 %, stalls on long
+// scoreboard and fixed latency; 74 M warp instructions, 22 % of them the parts' IEEE adds; in SASS a split takes ~17
+// instructions a word (its finiteness tests and selects), ~half the products' instructions; the consumers spilled
+// ~300 bytes (128 accumulators, two parts, two split fragments in 208 registers; ~250 with the shared fragments).
+// Taken phase by phase instead (one phase's sum and the pool in registers, three entries in flight, no spills) it ran
+// 260 us: an A fragment split per entry (54 a tile, not 32) and every phase's epilogue made 113 M instructions at the
+// same issue rate.
 #pragma once
 
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
@@ -73,26 +75,49 @@ __device__ __forceinline__ void pin_split(SplitA& a) {
 // parts shift by shift, k-steps inner: the mma.sync kernel's order (geometry.cuh).
 struct StrictEntry {
   int run, ks, slot;
-  bool opens_group;  // the first entry of its (run, k-step): loads and splits its A fragment
-  int group;         // run * KS + ks
+  bool opens_group;  // the first entry of its (shift, k-step): loads and splits its A fragment
+  int frag;          // which of the two fragments it reads: (shift * KS + ks) % 2
 };
 template <int KS>
 __host__ __device__ constexpr StrictEntry strict_entry(int e) {
   int n = 0;
   for (int r = 0; r < kRuns; ++r) {
+    const bool first_of_shift = r == 0 || run(r - 1).shift != run(r).shift;
     for (int ks = 0; ks < KS; ++ks) {
       for (int j = 0; j < run(r).slots; ++j) {
-        if (n == e) return StrictEntry{r, ks, run(r).slot0 + j, j == 0, r * KS + ks};
+        if (n == e) return StrictEntry{r, ks, run(r).slot0 + j, first_of_shift && j == 0, (run(r).shift * KS + ks) % 2};
         ++n;
       }
     }
   }
   return StrictEntry{-1, -1, -1, false, -1};
 }
+// A fragment is loaded while the entry before is in flight (strict_step), and a wgmma's A registers must hold until
+// it completes: so an entry that loads must read the other fragment than the entry before it. With the runs of a
+// shift consecutive and shifts ascending by one, a new (shift, k-step) always lands in the other fragment.
+template <int KS>
+__host__ __device__ constexpr bool loads_avoid_in_flight() {
+  for (int e = 1; e < 27 * KS; ++e) {
+    if (strict_entry<KS>(e).opens_group && strict_entry<KS>(e).frag == strict_entry<KS>(e - 1).frag) return false;
+  }
+  for (int r = 1; r < kRuns; ++r) {
+    if (run(r).shift != run(r - 1).shift && run(r).shift != run(r - 1).shift + 1) return false;
+  }
+  return true;
+}
+static_assert(loads_avoid_in_flight<1>() && loads_avoid_in_flight<2>(), "a fragment loaded under its own reader");
+template <int KS>
+__host__ __device__ constexpr int strict_loads() {
+  int n = 0;
+  for (int e = 0; e < 27 * KS; ++e) n += strict_entry<KS>(e).opens_group ? 1 : 0;
+  return n;
+}
 static_assert(strict_entry<2>(0).slot == 0 && strict_entry<2>(4).ks == 1 && strict_entry<2>(8).run == 1 &&
-                  strict_entry<2>(8).opens_group && strict_entry<2>(53).run == kRuns - 1 &&
-                  strict_entry<2>(54).run == -1,
-              "27 entries per k-step");
+                  !strict_entry<2>(8).opens_group && strict_entry<2>(16).opens_group &&
+                  strict_entry<2>(19).opens_group && !strict_entry<2>(20).opens_group &&
+                  strict_entry<2>(53).run == kRuns - 1 && strict_entry<2>(54).run == -1 && strict_loads<2>() == 16 &&
+                  strict_loads<1>() == 8,
+              "27 entries per k-step, a fragment per (shift, k-step)");
 
 // The thread's A words for (shift S, k-step KSTEP) of a tile: `a` is the thread's first word of the tile in the stage
 // (its warp's first row, column g of the tile, k-word t), the rest compile-time offsets: rows g + 8 are the next halo
@@ -127,10 +152,10 @@ template <int KS, int E>
 __device__ __forceinline__ void strict_step(float (&acc)[8][16], float (&part)[2][16], SplitA (&a)[2],
                                             const uint8_t* a_thread, uint32_t bh16, uint32_t bl16) {
   constexpr StrictEntry en = strict_entry<KS>(E);
-  if constexpr (en.opens_group) load_split<KS, run(en.run).shift, en.ks>(a[en.group & 1], a_thread);
-  pin_split(a[en.group & 1]);
+  if constexpr (en.opens_group) load_split<KS, run(en.run).shift, en.ks>(a[en.frag], a_thread);
+  pin_split(a[en.frag]);
   wgmma_fence();
-  strict_issue<KS, E>(part[E & 1], a[en.group & 1], bh16, bl16);
+  strict_issue<KS, E>(part[E & 1], a[en.frag], bh16, bl16);
   wgmma_commit();
   if constexpr (E > 0) {
     // The previous entry's part, while this entry's products run.
