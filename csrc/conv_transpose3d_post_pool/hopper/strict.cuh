@@ -13,7 +13,8 @@
 // A tile's products are 27 x KS entries, one per (slot, k-step), each three m64 x n32 x k8 wgmma into one of two
 // 16-register parts: the entry's wgmma go out, then the previous entry's part is waited for and added, so the tensor
 // cores always hold one entry while the warpgroup adds the other. Each (shift, k-step) loads and splits its A
-// fragment once, for every slot of the shift's runs (they are consecutive in the run table).
+// fragment once, for every slot of the shift's runs (they are consecutive in the run table): 129 us at the
+// KernelBench size on the H200 against 163 for a fragment per run, measured in one run.
 //
 // Where it stood with a fragment per (run, k-step), 32 loads and splits a tile instead of 16 (H200, KernelBench size):
 // 161 us against the mma.sync kernel's 217, bit for bit the same. Nsight Compute: issue active 43 %, stalls on long
