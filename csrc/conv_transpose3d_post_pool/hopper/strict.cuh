@@ -16,14 +16,9 @@
 // fragment once, for every slot of the shift's runs (they are consecutive in the run table): 129 us at the
 // KernelBench size on the H200 against 163 for a fragment per run, measured in one run.
 //
-// Where it stood with a fragment per (run, k-step), 32 loads and splits a tile instead of 16 (H200, KernelBench size):
-// 161 us against the mma.sync kernel's 217, bit for bit the same. Nsight Compute: issue active 43 %, stalls on long
-// scoreboard and fixed latency; 74 M warp instructions, 22 % of them the parts' IEEE adds; in SASS a split takes ~17
-// instructions a word (its finiteness tests and selects), ~half the products' instructions; the consumers spilled
-// ~300 bytes (128 accumulators, two parts, two split fragments in 208 registers; ~250 with the shared fragments).
-// Taken phase by phase instead (one phase's sum and the pool in registers, three entries in flight, no spills) it ran
-// 260 us: an A fragment split per entry (54 a tile, not 32) and every phase's epilogue made 113 M instructions at the
-// same issue rate.
+// Before that, with a fragment per (run, k-step), Nsight Compute put it at issue active 43 %, stalls on long scoreboard
+// and fixed latency, a split ~17 SASS instructions a word (its finiteness tests and selects); taken phase by phase
+// instead (one phase's sum in registers, no spills) it ran 260 us: 54 splits a tile and every phase's epilogue.
 #pragma once
 
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
@@ -94,15 +89,12 @@ __host__ __device__ constexpr StrictEntry strict_entry(int e) {
   return StrictEntry{-1, -1, -1, false, -1};
 }
 // A fragment is loaded while the entry before is in flight (strict_step), and a wgmma's A registers must hold until
-// it completes: so an entry that loads must read the other fragment than the entry before it. With the runs of a
-// shift consecutive and shifts ascending by one, a new (shift, k-step) always lands in the other fragment.
+// it completes: so an entry that loads must read the other fragment than the entry before it (with the runs of a
+// shift consecutive and shifts ascending by one, a new (shift, k-step) always lands in the other fragment).
 template <int KS>
 __host__ __device__ constexpr bool loads_avoid_in_flight() {
   for (int e = 1; e < 27 * KS; ++e) {
     if (strict_entry<KS>(e).opens_group && strict_entry<KS>(e).frag == strict_entry<KS>(e - 1).frag) return false;
-  }
-  for (int r = 1; r < kRuns; ++r) {
-    if (run(r).shift != run(r - 1).shift && run(r).shift != run(r - 1).shift + 1) return false;
   }
   return true;
 }
