@@ -16,9 +16,9 @@
 // fragment once, for every slot of the shift's runs (they are consecutive in the run table): 129 us at the
 // KernelBench size on the H200 against 163 for a fragment per run, measured in one run.
 //
-// Before that, with a fragment per (run, k-step), Nsight Compute put it at issue active 43 %, stalls on long scoreboard
-// and fixed latency, a split ~17 SASS instructions a word (its finiteness tests and selects); taken phase by phase
-// instead (one phase's sum in registers, no spills) it ran 260 us: 54 splits a tile and every phase's epilogue.
+// With a fragment per (run, k-step), Nsight Compute put it at issue active 43 %, stalls on long scoreboard and fixed
+// latency, a split ~17 SASS instructions a word (its finiteness tests and selects); taken phase by phase instead (one
+// phase's sum in registers, no spills) it ran 260 us: 54 splits a tile and every phase's epilogue.
 #pragma once
 
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
