@@ -17,6 +17,10 @@ import torch.nn.functional as F
 HAS_CUDA = torch.cuda.is_available()
 CUDA_SKIP_REASON = "CUDA is not available (torch.cuda.is_available() is False)"
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=CUDA_SKIP_REASON)
+# Fake CUDA tensors need no GPU, but a CUDA build of torch: a CPU-only build aborts the process on aten ops over them.
+CUDA_BUILT = torch.backends.cuda.is_built()
+requires_cuda_build = pytest.mark.skipif(not CUDA_BUILT,
+                                         reason="fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
 # The DDP tests' ranks talk over gloo on 127.0.0.1.
 requires_gloo = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                    reason="needs torch.distributed with gloo")

@@ -8,6 +8,7 @@ multiply, so each stage's chain is split into `conv -> leaky` and `mul -> leaky 
 the pass saw and did in every graph, trains both models a few steps, and writes parameters and records to JSON.
 """
 import datetime
+import faulthandler
 import json
 import os
 import sys
@@ -80,7 +81,17 @@ def main(rank: int, world: int, port: int, out: str) -> None:
         json.dump(result, f)
 
 
+# A stuck rank prints every thread's stack into its log and exits before the test's deadline (test_ddp_gloo.py's
+# DEADLINE_S, 420 s), so the failure says where it hung.
+STACK_DUMP_S = 360
+
 if __name__ == "__main__":
+    faulthandler.dump_traceback_later(STACK_DUMP_S, exit=True)
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.dirname(here)]  # pass_testing here, fused_testing (which it imports) in tests/
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    # The result is written: leave without the interpreter's teardown, where torch 2.13's gloo threads kept a rank
+    # from exiting after destroy_process_group (seen on CPU: rank 1 waiting on a futex in its gloo loop threads).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -14,6 +14,7 @@ from torch_fused_ops import pass_config
 from torch_fused_ops.compile import fusion_pass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import PYTHON_ONLY, Unsupported
+from fused_testing import CUDA_BUILT
 from pass_testing import FUSED, RewriteBackend, _isolated_inductor, categories  # noqa: F401
 
 U = Unsupported
@@ -170,8 +171,12 @@ class _FakeRun(torch.fx.Interpreter):
 
 
 def fake_chain(geometry, device):
-    """The geometry's chain traced with fake tensors on `device` (fake CUDA tensors need no GPU)."""
+    """The geometry's chain traced with fake tensors on `device` (fake CUDA tensors need no GPU, but a CUDA build of
+    torch)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if device == "cuda" and not CUDA_BUILT:
+        pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
 
     _, conv_kw, pool_kw, k, cin, dtype = geometry
 

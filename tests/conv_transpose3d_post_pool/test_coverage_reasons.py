@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
-from conv_testing import COVERAGE_DEFAULTS, coverage_tensors, symbolic_sizes
+from conv_testing import COVERAGE_DEFAULTS, coverage_tensors, skip_without_cuda_build, symbolic_sizes
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import (PYTHON_ONLY, Reason, Unsupported,
                                                                      fused_kernel_applies, unsupported_reasons)
 
@@ -86,6 +86,8 @@ CASES = [
 
 
 def _case_tensors(change):
+    if change == "x_4d":
+        skip_without_cuda_build("indexing a fake CUDA tensor")
     x, w = coverage_tensors()
     special = {"not_tensors": lambda: (None, "weight"), "cpu": lambda: coverage_tensors(device="cpu"),
                "float64": lambda: coverage_tensors(dtype=torch.float64), "x_4d": lambda: (x[0], w),
