@@ -79,6 +79,12 @@ def main(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump(result, f)
+    # The result is written: leave at once. With torch 2.13 a rank sometimes never finished returning from here
+    # (its stack, dumped at the deadline: this call's line, no deeper Python frame), the destructors of the models'
+    # DDP state blocking after destroy_process_group; and at interpreter exit, gloo's threads kept a rank alive.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # A stuck rank prints every thread's stack into its log and exits before the test's deadline (test_ddp_gloo.py's
@@ -89,9 +95,4 @@ if __name__ == "__main__":
     faulthandler.dump_traceback_later(STACK_DUMP_S, exit=True)
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.dirname(here)]  # pass_testing here, fused_testing (which it imports) in tests/
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    # The result is written: leave without the interpreter's teardown, where torch 2.13's gloo threads kept a rank
-    # from exiting after destroy_process_group (seen on CPU: rank 1 waiting on a futex in its gloo loop threads).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])  # exits by itself once it has written
