@@ -17,10 +17,16 @@ import torch.nn.functional as F
 HAS_CUDA = torch.cuda.is_available()
 CUDA_SKIP_REASON = "CUDA is not available (torch.cuda.is_available() is False)"
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=CUDA_SKIP_REASON)
-# Fake CUDA tensors need no GPU, but a CUDA build of torch: a CPU-only build aborts the process on aten ops over them.
+# Fake CUDA tensors need no GPU, but a CUDA build of torch: on a CPU-only build aten ops over them raise or abort the
+# process.
 CUDA_BUILT = torch.backends.cuda.is_built()
-requires_cuda_build = pytest.mark.skipif(not CUDA_BUILT,
-                                         reason="fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
+
+
+def skip_without_cuda_build(what="this case"):
+    """Skips the test where fake CUDA tensors cannot be used (a CPU-only build of torch)."""
+    if not CUDA_BUILT:
+        pytest.skip(f"{what} needs fake CUDA tensors, which need a CUDA build of torch (this one is CPU-only)")
+
 # The DDP tests' ranks talk over gloo on 127.0.0.1.
 requires_gloo = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                    reason="needs torch.distributed with gloo")

@@ -14,7 +14,7 @@ from torch_fused_ops import pass_config
 from torch_fused_ops.compile import fusion_pass
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import PYTHON_ONLY, Unsupported
-from fused_testing import CUDA_BUILT
+from fused_testing import skip_without_cuda_build
 from pass_testing import FUSED, RewriteBackend, _isolated_inductor, categories  # noqa: F401
 
 U = Unsupported
@@ -175,8 +175,8 @@ def fake_chain(geometry, device):
     torch)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if device == "cuda" and not CUDA_BUILT:
-        pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
+    if device == "cuda":
+        skip_without_cuda_build("a fake CUDA chain")
 
     _, conv_kw, pool_kw, k, cin, dtype = geometry
 

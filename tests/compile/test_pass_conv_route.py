@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_fused_ops.compile import fusion_pass, pass_config
-from fused_testing import CUDA_BUILT
+from fused_testing import skip_without_cuda_build
 from pass_testing import RewriteBackend, _isolated_inductor  # noqa: F401
 
 pytestmark = pytest.mark.pass_settings(fuse_conv_transpose="off", fold_conv_bias="off")  # chains only (conftest.py)
@@ -61,9 +61,8 @@ def _symbolic_sizes(*values):
 
 
 def _fake_graph(fn, device, training, dtype=torch.float32, symbolic=False):
-    if device == "cuda" and not CUDA_BUILT:
-        # (aten's convolution over fake CUDA tensors aborts the process on a CPU-only build)
-        pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
+    if device == "cuda":
+        skip_without_cuda_build("a fake CUDA graph")  # (aten's convolution over them aborts a CPU-only build)
     gm = torch.fx.symbolic_trace(fn)
     env, size = None, (2, CIN, 3, 4, 4)
     if symbolic:  # batch and spatial sizes symbolic, as under torch.compile(dynamic=True)

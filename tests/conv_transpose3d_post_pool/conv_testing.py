@@ -266,14 +266,6 @@ COVERAGE_DEFAULTS = dict(stride=2, padding=1, output_padding=1, groups=1, dilati
                          pool_padding=0, pool_dilation=1, ceil_mode=False)
 
 
-def skip_without_cuda_build(what="this case"):
-    """Skips the test on a CPU-only build of torch, where aten ops over fake CUDA tensors raise or abort the process."""
-    from fused_testing import CUDA_BUILT
-
-    if not CUDA_BUILT:
-        pytest.skip(f"{what} needs fake CUDA tensors, which need a CUDA build of torch (this one is CPU-only)")
-
-
 def coverage_tensors(device="cuda", dtype=torch.float32, cin=4, cout=6, k=(3, 3, 3), dhw=(2, 3, 2), n=1, mode=None):
     """Input and weight: fake tensors by default (fake CUDA ones need no GPU), real ones when `mode` is False."""
     def build():

@@ -11,8 +11,8 @@ import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
 from torch_fused_ops.ops import common
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import fused_kernel_applies
 from conv_testing import (CONFIGS, COVERAGE_DEFAULTS, FUSED_CONFIGS, OPS, config_args, coverage_tensors, make_tensors,
-                          ran_aten_convolution, reference_config, requires_cuda, skip_without_cuda_build,
-                          symbolic_sizes)
+                          ran_aten_convolution, reference_config, requires_cuda, symbolic_sizes)
+from fused_testing import skip_without_cuda_build
 
 HAS_CUDA = torch.cuda.is_available()
 

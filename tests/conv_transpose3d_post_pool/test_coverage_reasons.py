@@ -12,7 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_fused_ops  # noqa: F401  (registers torch.ops.fused)
-from conv_testing import COVERAGE_DEFAULTS, coverage_tensors, skip_without_cuda_build, symbolic_sizes
+from conv_testing import COVERAGE_DEFAULTS, coverage_tensors, symbolic_sizes
+from fused_testing import skip_without_cuda_build
 from torch_fused_ops.ops.conv_transpose3d_post_pool_coverage import (PYTHON_ONLY, Reason, Unsupported,
                                                                      fused_kernel_applies, unsupported_reasons)
 
