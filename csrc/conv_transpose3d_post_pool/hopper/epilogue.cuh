@@ -6,6 +6,7 @@
 #include "conv_transpose3d_post_pool/cuda/stage.cuh"
 #include "conv_transpose3d_post_pool/cuda/tiles.cuh"
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
+#include "conv_transpose3d_post_pool/hopper/pair16.cuh"
 #include "common/epilogue.h"
 
 namespace fused {
@@ -17,10 +18,21 @@ namespace hopper {
 struct EpilogueArgs {
   const float* mult;
   const float* bias;
+  // The bias as the selection adds it: -bias where the weights were staged negated (`negated`), so that the sum
+  // is -y there, else the bias.
+  const float* sel_bias;
   int co0;
-  bool exact;     // else the monotone form: the weights were staged negated for negative multipliers
+  bool exact;     // else the monotone form
   bool monotone;  // every channel's activation is monotone (positive slopes, finite non-zero multipliers, finite biases)
+  // The weights were staged negated for negative multipliers: the inference forms' monotone form, and the training
+  // forms' monotone selection (monotone_training_values; select_pair, with pair_scale_ok); the accumulators then hold
+  // -y - bias there.
+  bool negated;
 };
+
+// The sign an accumulator of channel c carries (-1 where the weights were staged negated, else 1): y = acc * s + b
+// exactly (one rounding of an exact product).
+__device__ __forceinline__ float acc_sign(const EpilogueArgs& a, float m) { return a.negated && m < 0.f ? -1.f : 1.f; }
 
 // LeakyReLU, x multiplier, LeakyReLU of a convolution value y (already rounded to the I/O dtype), as the mma.sync
 // kernel computes it; UNIT: both slopes in (0, 1] (p.unit_slopes), one max per LeakyReLU.
@@ -67,13 +79,14 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int c = acc_channel(r, t);
-    const float m = a.mult[c], b = a.bias[c];
+    const float m = a.mult[c], b = a.bias[c], s = acc_sign(a, m);
     best[r] = 0.f;
     sel[r] = 0.f;
     off[r] = 0;
 #pragma unroll
     for (int ph = 0; ph < 8; ++ph) {
-      float y = acc[phase_slot(ph)][r] + b;
+      // (The inference forms' exact form and the mixed forms are never the negated ones.)
+      float y = TRAIN && !MIXED ? fmaf(acc[phase_slot(ph)][r], s, b) : acc[phase_slot(ph)][r] + b;
       if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
       const float e = activate<M, MIXED, UNIT>(p, y, m);
       // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
@@ -87,45 +100,37 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
   }
 }
 
-// The training form where every channel's activation f is monotone (a.monotone): f is non-decreasing in
-// v = y for a positive multiplier and in v = -y for a negative one, so max_pool3d's first strict maximum over the
-// activated phases is the first maximum of v — unless an earlier phase's smaller v activates to the same float
-// (f's roundings can merge neighbouring values). With `second` the largest v before the first maximum, that cannot
-// happen when f(second) < f(max): two activations per output instead of eight. Returns false where it cannot tell
-// (such a merge, or a NaN): the caller then takes exact_values for the warp.
+// The float32-output training form where every channel's activation f is monotone (a.monotone) and the weights were
+// staged negated for negative multipliers (a.negated): v = acc + sel_bias is then y or -y, and f is non-decreasing in
+// v, so max_pool3d's first strict maximum over the activated phases is the first maximum of v — unless an earlier
+// phase's smaller v activates to the same float (f's roundings can merge neighbouring values). With `second` the
+// largest v before the first maximum, that cannot happen when f(second) < f(max): two activations per output
+// instead of eight. Returns false where it cannot tell (such a merge, or a NaN, which the running max carries to
+// the end): the caller then takes exact_values for the warp.
 template <Mode M, bool MIXED, bool UNIT>
 __device__ __forceinline__ bool monotone_training_values(const Params& p, const float (&acc)[8][16], int t,
                                                          const EpilogueArgs& a, float (&best)[16], float (&sel)[16],
                                                          uint32_t (&off)[16]) {
-  using io_t = typename ModeTraits<M>::io_t;
+  static_assert(!ModeTraits<M>::kHalf, "the 16-bit training forms select from PhasePairs (select_pair)");
   bool ok = true;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int c = acc_channel(r, t);
-    const float m = a.mult[c], b = a.bias[c];
-    const uint32_t flip = m < 0.f ? 0x80000000u : 0u;
-    float top = 0.f, second = -__int_as_float(0x7f800000);
+    const float m = a.mult[c], bs = a.sel_bias[c], s = acc_sign(a, m);
+    float top = acc[phase_slot(0)][r] + bs, second = -__int_as_float(0x7f800000);
     uint32_t at = 0;
-    bool nan = false;
 #pragma unroll
-    for (int ph = 0; ph < 8; ++ph) {
-      float y = acc[phase_slot(ph)][r] + b;
-      if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
-      const float v = __uint_as_float(__float_as_uint(y) ^ flip);
-      nan |= v != v;
-      if (ph == 0) {
-        top = v;
-      } else {
-        const bool up = v > top;
-        second = up ? top : second;
-        top = up ? v : top;
-        at = up ? static_cast<uint32_t>(ph) : at;
-      }
+    for (int ph = 1; ph < 8; ++ph) {
+      const float v = acc[phase_slot(ph)][r] + bs;
+      const bool up = v > top;
+      second = up ? top : second;
+      at = up ? static_cast<uint32_t>(ph) : at;
+      top = max_nan(top, v);
     }
-    const float y_top = __uint_as_float(__float_as_uint(top) ^ flip);
+    const float y_top = top * s;
     const float e = activate<M, MIXED, UNIT>(p, y_top, m);
-    const float e_second = activate<M, MIXED, UNIT>(p, __uint_as_float(__float_as_uint(second) ^ flip), m);
-    ok = ok && !nan && (at == 0 || e_second < e);
+    const float e_second = activate<M, MIXED, UNIT>(p, second * s, m);
+    ok = ok && e == e && (at == 0 || e_second < e);
     best[r] = e;
     sel[r] = y_top;
     off[r] = at;
@@ -191,8 +196,12 @@ __device__ __forceinline__ void select_phases(const Params& p, const float (&acc
     // a.monotone is block-uniform, so the whole warp takes the vote or none of it does. Not in the mixed form: its
     // first LeakyReLU is rounded to 16 bits, which merges neighbouring values often enough that the vote failed for
     // most warps (mixed training measured 153 us against 94 without the shortcut).
-    const bool done = TRAIN && !MIXED && a.monotone &&
-                      __all_sync(0xffffffffu, monotone_training_values<M, MIXED, true>(p, acc, t, a, best, sel, off));
+    // (The 16-bit training forms select from PhasePairs instead: store_pairs.)
+    bool done = false;
+    if constexpr (TRAIN && !MIXED && !ModeTraits<M>::kHalf) {
+      done = a.monotone &&
+             __all_sync(0xffffffffu, monotone_training_values<M, MIXED, true>(p, acc, t, a, best, sel, off));
+    }
     if (!done) exact_values<M, TRAIN, MIXED, true>(p, acc, t, a, best, sel, off);
   } else {
     exact_values<M, TRAIN, MIXED, false>(p, acc, t, a, best, sel, off);
@@ -217,33 +226,122 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   });
 }
 
-// A training tile's outputs between its selection and its stores, in the pipelined consumer loop (kernel.cuh): 34
-// registers, which the consumer holds while the next tile's 128 accumulators are in flight. off: the offsets, 4 bits
-// each (output r at bits 4 (r % 8) of off[r / 8]).
-struct PooledTile {
-  float best[16], sel[16];
-  uint32_t off[2];
+// The 16-bit training forms' phases as their selection compares them (the pipelined consumer loop, kernel.cuh): per
+// pair of the thread's outputs (r = 2 pr and 2 pr + 1: channels c and c + 1 of one row) and phase, the two values
+// v = acc + sel_bias rounded to the I/O dtype — y, or -y where the weights were staged negated — in one register.
+// They hold everything the selection and its exact fallback need (y is rounded before the epilogue), so the
+// accumulators are free once these 64 registers are made: the next tile's products go out before the selection.
+template <Mode M>
+struct PhasePairs {
+  uint32_t v[8][8];  // [pair][phase]
 };
 
-template <Mode M, bool MIXED>
-__device__ __forceinline__ void pool_tile(const Params& p, const float (&acc)[8][16], int t, const EpilogueArgs& a,
-                                          PooledTile& o) {
-  uint32_t off[16];
-  select_phases<M, true, MIXED>(p, acc, t, a, o.best, o.sel, off);
-  o.off[0] = o.off[1] = 0;
+template <Mode M>
+__device__ __forceinline__ void pair_phases(const float (&acc)[8][16], int t, const EpilogueArgs& a,
+                                            PhasePairs<M>& o) {
 #pragma unroll
-  for (int r = 0; r < 16; ++r) o.off[r >> 3] |= off[r] << (4 * (r & 7));
+  for (int pr = 0; pr < 8; ++pr) {
+    const int c = acc_channel(2 * pr, t);
+    const float b0 = a.sel_bias[c], b1 = a.sel_bias[c + 1];
+#pragma unroll
+    for (int ph = 0; ph < 8; ++ph) {
+      o.v[pr][ph] = Pair16<M>::round(acc[phase_slot(ph)][2 * pr] + b0, acc[phase_slot(ph)][2 * pr + 1] + b1);
+    }
+  }
 }
 
-template <Mode M, bool MIXED>
-__device__ __forceinline__ void store_pooled(const Params& p, const PooledTile& o, const TileOrigin& u, int mt,
-                                             int warp, int g, int t, const EpilogueArgs& a) {
-  using io_t = typename ModeTraits<M>::io_t;
-  using Out = OutputTraits<M, MIXED>;
+// The 16-bit training selection's safe range (select_pair): multipliers and slopes whose products keep every float32
+// step of the activation normal and finite for the y it accepts.
+constexpr float kPairMinY = 0x1p-40f, kPairMaxY = 0x1p100f;
+constexpr float kPairMinScale = 0x1p-24f, kPairMaxScale = 0x1p24f;
+__host__ __device__ __forceinline__ bool pair_scale_ok(float s) { return s >= kPairMinScale && s <= kPairMaxScale; }
+
+// One pair's pooled outputs from its phases: best (the activated maximum, both rounded to the I/O dtype), sel (the
+// selected phase's y, as the dtype's bits) and off (its phase), element h of each in half h. Returns false where it
+// cannot tell (the caller then takes exact_pair for the warp).
+//
+// Where every channel's activation f is monotone and the weights were staged negated for negative multipliers
+// (a.negated: the block's monotone form, unit slopes, and every |multiplier| and slope within pair_scale_ok), f is
+// non-decreasing in v, so max_pool3d's first strict maximum over the activated phases is the first phase holding the
+// largest v — unless an earlier phase's smaller v activates to the same float. It cannot here: y has 8 (bfloat16)
+// or 11 (float16) significant bits, so two of its values differ by at least 2^-8 of their size, and f's float32
+// steps (y * slope, times the multiplier, times the slope) round at 2^-24 of theirs and cannot merge them while every
+// step stays normal and finite — which |y| in [kPairMinY, kPairMaxY] ensures with those scales (2^-112 and 2^124 at
+// the extremes; the next value below the maximum, which any merge would have to reach, lies within 2^-7 of it).
+// Refused, outside that range: a zero maximum (-0 and +0 tie, and the selected value's sign is the first phase's),
+// infinities, NaN.
+template <Mode M, bool UNIT>
+__device__ __forceinline__ bool select_pair(const Params& p, const uint32_t (&v)[8], float m0, float m1,
+                                            uint32_t flip, uint32_t& best, uint32_t& sel, uint32_t& off) {
+  using P = Pair16<M>;
+  uint32_t top = v[0];
+#pragma unroll
+  for (int ph = 1; ph < 8; ++ph) top = P::max_nan(top, v[ph]);
+  // The first phase equal to the maximum, per half: phases in reverse, each equal one overwriting.
+  uint32_t at = 0;
+#pragma unroll
+  for (int ph = 7; ph >= 0; --ph) {
+    const uint32_t eq = P::eq_mask(top, v[ph]);
+    at = (eq & (0x10001u * static_cast<uint32_t>(ph))) | (~eq & at);
+  }
+  sel = top ^ flip;
+  const float y0 = P::half(sel, 0), y1 = P::half(sel, 1);
+  best = P::round(activate<M, false, UNIT>(p, y0, m0), activate<M, false, UNIT>(p, y1, m1));
+  off = at;
+  return fabsf(y0) >= kPairMinY && fabsf(y0) <= kPairMaxY && fabsf(y1) >= kPairMinY && fabsf(y1) <= kPairMaxY;
+}
+
+// The exact selection of one pair (exact_values' rules), from its phases.
+template <Mode M, bool UNIT>
+__device__ __forceinline__ void exact_pair(const Params& p, const uint32_t (&v)[8], float m0, float m1,
+                                           uint32_t flip, uint32_t& best, uint32_t& sel, uint32_t& off) {
+  using P = Pair16<M>;
+  float e[2] = {0.f, 0.f};
+  uint32_t s[2] = {0u, 0u}, o[2] = {0u, 0u};
+#pragma unroll
+  for (int ph = 0; ph < 8; ++ph) {
+    const uint32_t y = v[ph] ^ flip;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float x = activate<M, false, UNIT>(p, P::half(y, h), h == 0 ? m0 : m1);
+      const bool take = ph == 0 || takes_max(x, e[h]);
+      e[h] = take ? x : e[h];
+      s[h] = take ? (y >> (16 * h)) & 0xffffu : s[h];
+      o[h] = take ? static_cast<uint32_t>(ph) : o[h];
+    }
+  }
+  best = P::round(e[0], e[1]);
+  sel = s[0] | s[1] << 16;
+  off = o[0] | o[1] << 16;
+}
+
+// The selection of one pair in the block-uniform form: the monotone one, voted on by the warp, else the exact one.
+template <Mode M>
+__device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8], int c, const EpilogueArgs& a,
+                                          uint32_t& best, uint32_t& sel, uint32_t& off) {
+  const float m0 = a.mult[c], m1 = a.mult[c + 1];
+  const uint32_t flip = a.negated ? (m0 < 0.f ? 0x8000u : 0u) | (m1 < 0.f ? 0x80000000u : 0u) : 0u;
+  if (p.unit_slopes) {
+    // a.negated is block-uniform, so the whole warp takes the vote or none of it does.
+    const bool done = a.negated && __all_sync(0xffffffffu, select_pair<M, true>(p, v, m0, m1, flip, best, sel, off));
+    if (!done) exact_pair<M, true>(p, v, m0, m1, flip, best, sel, off);
+  } else {
+    exact_pair<M, false>(p, v, m0, m1, flip, best, sel, off);
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores.
+template <Mode M>
+__device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
+                                            int warp, int g, int t, const EpilogueArgs& a) {
+  uint32_t best[8], sel[8], off[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
   store_outputs(p, u, mt, warp, g, t, a, [&](int64_t at, int r) {
-    Out::store(p, at, o.best[r]);
-    static_cast<io_t*>(p.sel)[at] = from_float<io_t>(o.sel[r]);
-    p.off[at] = static_cast<uint8_t>((o.off[r >> 3] >> (4 * (r & 7))) & 0xfu);
+    const int sh = 16 * (r & 1);
+    static_cast<uint16_t*>(p.out)[at] = static_cast<uint16_t>(best[r >> 1] >> sh);
+    static_cast<uint16_t*>(p.sel)[at] = static_cast<uint16_t>(sel[r >> 1] >> sh);
+    p.off[at] = static_cast<uint8_t>(off[r >> 1] >> sh);
   });
 }
 

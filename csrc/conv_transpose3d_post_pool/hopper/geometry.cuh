@@ -94,7 +94,7 @@ struct Layout {
   // their low parts (strict.cuh).
   static constexpr int kBCopyBytes = kCols * kChunks * 16;
   static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
-  static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
+  static constexpr int kParamBytes = 3 * kCoBlock * 4;  // multipliers, biases, the selection's biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
   static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
