@@ -111,7 +111,11 @@ def make(shape, dtype, ints, cl=False, bias=True, mult="chan", seed=0):
         w = (torch.randn((Cin, Cout, 3, 3, 3), generator=g, device="cuda") / (27 * max(Cin, 1)) ** 0.5).to(dtype)
         b = (torch.randn((Cout,), generator=g, device="cuda") * 0.1).to(dtype) if bias else None
         m = torch.randn((Cout,), generator=g, device="cuda").to(dtype)
-    m = {"chan": m, "pos": m.abs() + 0.5, "neg": -(m.abs() + 0.5), "one": m[:1]}[mult]
+    # tiny / huge: |m| outside the sm_90a kernel's 16-bit training selection's range (hopper/epilogue.cuh,
+    # pair_scale_ok), both signs: the kernel must take its exact selection there.
+    sign = torch.where(torch.arange(Cout, device="cuda") % 2 == 0, 1.0, -1.0).to(dtype)
+    m = {"chan": m, "pos": m.abs() + 0.5, "neg": -(m.abs() + 0.5), "one": m[:1],
+         "tiny": (m.abs() + 0.5) * sign * 2.0 ** -30, "huge": (m.abs() + 0.5) * sign * 2.0 ** 30}[mult]
     m = m.reshape(-1, 1, 1, 1).contiguous()
     if cl:
         x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -120,10 +124,12 @@ def make(shape, dtype, ints, cl=False, bias=True, mult="chan", seed=0):
 
 
 def check_exact(prec, shape, op, tf32_setting, s1=0.1, s2=0.2, train=True, cl=False, mult="chan", bias=True,
-                neg_inf=False, seed=0):
+                neg_inf=False, seed=0, x_scale=1.0):
     dtype, tf32 = PRECS[prec]
     tf32_setting(tf32)
     x, w, b, m = make(shape, dtype, True, cl=cl, bias=bias, mult=mult, seed=seed)
+    if x_scale != 1.0:  # a power of two: the convolution values stay exact
+        x, b = x * x_scale, None if b is None else b * x_scale
     if neg_inf:
         w, x = w.abs() + 1, x.clone()
         x.view(-1)[::7] = float("-inf")
@@ -177,6 +183,22 @@ def test_exact_merged_activations(prec, mult, tf32_setting):
 @pytest.mark.parametrize("train", [True, False])
 def test_exact_multipliers(prec, mult, bias, train, tf32_setting):
     check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, bias=bias, train=train)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "fp32", "bf16"])
+@pytest.mark.parametrize("mult", ["tiny", "huge"])
+@pytest.mark.parametrize("train", [True, False])
+def test_exact_extreme_multipliers(prec, mult, train, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, train=train)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "fp32", "bf16"])
+@pytest.mark.parametrize("x_scale", [2.0 ** -45, 2.0 ** 98])
+@pytest.mark.parametrize("mult", ["pos", "neg", "chan"])
+def test_exact_value_scales(prec, x_scale, mult, tf32_setting):
+    # Convolution values near bfloat16's extremes, outside the 16-bit training selection's range (hopper/epilogue.cuh,
+    # kPairMinY / kPairMaxY) for some outputs and inside it for others.
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, train=True, x_scale=x_scale)
 
 
 @pytest.mark.parametrize("prec", list(PRECS))

@@ -101,12 +101,13 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
 }
 
 // The float32-output training form where every channel's activation f is monotone (a.monotone) and the weights were
-// staged negated for negative multipliers (a.negated): v = acc + sel_bias is then y or -y, and f is non-decreasing in
-// v, so max_pool3d's first strict maximum over the activated phases is the first maximum of v — unless an earlier
-// phase's smaller v activates to the same float (f's roundings can merge neighbouring values). With `second` the
-// largest v before the first maximum, that cannot happen when f(second) < f(max): two activations per output
-// instead of eight. Returns false where it cannot tell (such a merge, or a NaN, which the running max carries to
-// the end): the caller then takes exact_values for the warp.
+// staged negated for negative multipliers (a.negated): then g(v) = f(y), y = (v + sel_bias) * sign (the bias added
+// and rounded as the exact form does), is non-decreasing in the accumulator v itself, so max_pool3d's first strict
+// maximum over the activated phases is the first maximum of v — unless an earlier phase's smaller v activates to
+// the same float (the bias's rounding and f's can merge neighbouring values). With `second` the largest v before
+// the first maximum, that cannot happen when g(second) < g(max): two activations and no bias adds per output
+// instead of eight of each. Returns false where it cannot tell (such a merge, or a NaN, which the running max
+// carries to the end): the caller then takes exact_values for the warp.
 template <Mode M, bool MIXED, bool UNIT>
 __device__ __forceinline__ bool monotone_training_values(const Params& p, const float (&acc)[8][16], int t,
                                                          const EpilogueArgs& a, float (&best)[16], float (&sel)[16],
@@ -117,19 +118,19 @@ __device__ __forceinline__ bool monotone_training_values(const Params& p, const 
   for (int r = 0; r < 16; ++r) {
     const int c = acc_channel(r, t);
     const float m = a.mult[c], bs = a.sel_bias[c], s = acc_sign(a, m);
-    float top = acc[phase_slot(0)][r] + bs, second = -__int_as_float(0x7f800000);
+    float top = acc[phase_slot(0)][r], second = -__int_as_float(0x7f800000);
     uint32_t at = 0;
 #pragma unroll
     for (int ph = 1; ph < 8; ++ph) {
-      const float v = acc[phase_slot(ph)][r] + bs;
+      const float v = acc[phase_slot(ph)][r];
       const bool up = v > top;
       second = up ? top : second;
       at = up ? static_cast<uint32_t>(ph) : at;
       top = max_nan(top, v);
     }
-    const float y_top = top * s;
+    const float y_top = (top + bs) * s;
     const float e = activate<M, MIXED, UNIT>(p, y_top, m);
-    const float e_second = activate<M, MIXED, UNIT>(p, second * s, m);
+    const float e_second = activate<M, MIXED, UNIT>(p, (second + bs) * s, m);
     ok = ok && e == e && (at == 0 || e_second < e);
     best[r] = e;
     sel[r] = y_top;
