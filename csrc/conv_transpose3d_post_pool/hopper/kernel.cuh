@@ -303,8 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if constexpr (kPipelined<M, TRAIN, MIXED>) {
     // Each consumer pipelines its tiles: once a tile's products are in, its phases are rounded into PhasePairs (64
     // registers), the next tile's wgmma go out into the accumulators, and the tile's selection and stores run under
-    // those; no turns (each consumer's products overlap its own epilogue). The loop issues unconditionally after its exit
-    // test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue them.
+    // those; no turns (each consumer's products overlap its own epilogue). The loop issues unconditionally after its
+    // exit test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue
+    // them.
     const int64_t items = work_items(p);
     const int item_tiles = p.halves ? 1 : kMTiles;
     const int k_step = p.halves ? 1 : kConsumers;
