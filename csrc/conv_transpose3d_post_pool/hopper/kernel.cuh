@@ -148,7 +148,7 @@ template <Mode M, int KS>
 __device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16], uint64_t* full, uint8_t* stages,
                                            uint32_t b_addr, int64_t k, int i) {
   using L = Layout<M, KS>;
-  const int c = threadIdx.x / 128 - 1;
+  const int c = consumer_index();
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int stage = static_cast<int>(k % L::kStages);
   if (i == 0) {
@@ -172,7 +172,7 @@ template <Mode M, bool MIXED>
 __device__ __forceinline__ void finish_tile(const Params& p, const PhasePairs<M>& phases, const TileOrigin& u,
                                             int64_t k, int i, bool item_done, int item_tiles, bool fix_edges,
                                             int ctid, const EpilogueArgs& args) {
-  const int c = threadIdx.x / 128 - 1, warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
+  const int c = consumer_index(), warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
   if (!ablated(p, kAblateEpilogue)) store_pairs<M>(p, phases, u, mt0 + i, warp, g, t, args);
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
       release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
