@@ -392,6 +392,40 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_wgmma_zero_signs(forward_kernel, prec, bias, tf32_setting):
+    """Integer data with many exact zero sums (and sums cancelling the bias), multipliers of both signs: the training
+    form's outputs and selected values equal the mma.sync kernel's bit for bit, a zero's sign included (the sm_90a
+    training forms accumulate -S for negative multipliers; y is rounded from S + b and its sign flipped after)."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(prec == "tf32")
+    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randint(-1, 2, (2, 16, 4, 9, 16), device="cuda", generator=g).to(dt)
+    x[0] = 0
+    w = torch.randint(-1, 2, (16, 40, 3, 3, 3), device="cuda", generator=g).to(dt)
+    b = torch.randint(-2, 3, (40,), device="cuda", generator=g).to(dt) if bias else None
+    m = torch.tensor([-1.0, 0.5, -0.25, 2.0] * 10, device="cuda").view(40, 1, 1, 1).to(dt)
+    outs = []
+    for choice in (2, 1):
+        prev = _C._conv_forward_kernel(choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), True))
+        finally:
+            _C._conv_forward_kernel(prev)
+    ibits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    for a, ref in zip(*outs):
+        if a.dtype in ibits:
+            assert torch.equal(a.view(ibits[a.dtype]), ref.view(ibits[ref.dtype]))
+        else:
+            assert torch.equal(a, ref)
+    assert (outs[1][1] == 0).any() and (outs[1][1].view(ibits[dt]) == 0).any(), "no +0 selected: the test is void"
+
+
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed", "strict"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("split", ["units", "halves"])

@@ -18,8 +18,8 @@ namespace hopper {
 struct EpilogueArgs {
   const float* mult;
   const float* bias;
-  // The bias as the selection adds it: -bias where the weights were staged negated (`negated`), so that the sum
-  // is -y there, else the bias.
+  // The training forms' bias as y = acc * acc_sign + sel_bias adds it: the bias, with +0 for a -0 bias where the
+  // weights were staged negated (`negated`: there acc is -S; kernel.cuh says why).
   const float* sel_bias;
   int co0;
   bool exact;     // else the monotone form
@@ -79,14 +79,14 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int c = acc_channel(r, t);
-    const float m = a.mult[c], b = a.bias[c], s = acc_sign(a, m);
+    const float m = a.mult[c], b = a.bias[c], s = acc_sign(a, m), bs = a.sel_bias[c];
     best[r] = 0.f;
     sel[r] = 0.f;
     off[r] = 0;
 #pragma unroll
     for (int ph = 0; ph < 8; ++ph) {
       // (The inference forms' exact form and the mixed forms are never the negated ones.)
-      float y = TRAIN && !MIXED ? fmaf(acc[phase_slot(ph)][r], s, b) : acc[phase_slot(ph)][r] + b;
+      float y = TRAIN && !MIXED ? fmaf(acc[phase_slot(ph)][r], s, bs) : acc[phase_slot(ph)][r] + b;
       if constexpr (ModeTraits<M>::kHalf) y = round_to_io<io_t>(y);
       const float e = activate<M, MIXED, UNIT>(p, y, m);
       // max_pool3d starts from phase 0 whatever its value (an all -inf window reports offset 0).
@@ -101,7 +101,7 @@ __device__ __forceinline__ void exact_values(const Params& p, const float (&acc)
 }
 
 // The float32-output training form where every channel's activation f is monotone (a.monotone) and the weights were
-// staged negated for negative multipliers (a.negated): then g(v) = f(y), y = (v + sel_bias) * sign (the bias added
+// staged negated for negative multipliers (a.negated): then g(v) = f(y), y = v * sign + sel_bias (the bias added
 // and rounded as the exact form does), is non-decreasing in the accumulator v itself, so max_pool3d's first strict
 // maximum over the activated phases is the first maximum of v — unless an earlier phase's smaller v activates to
 // the same float (the bias's rounding and f's can merge neighbouring values). With `second` the largest v before
@@ -128,9 +128,9 @@ __device__ __forceinline__ bool monotone_training_values(const Params& p, const 
       at = up ? static_cast<uint32_t>(ph) : at;
       top = max_nan(top, v);
     }
-    const float y_top = (top + bs) * s;
+    const float y_top = fmaf(top, s, bs);
     const float e = activate<M, MIXED, UNIT>(p, y_top, m);
-    const float e_second = activate<M, MIXED, UNIT>(p, (second + bs) * s, m);
+    const float e_second = activate<M, MIXED, UNIT>(p, fmaf(second, s, bs), m);
     ok = ok && e == e && (at == 0 || e_second < e);
     best[r] = e;
     sel[r] = y_top;
@@ -229,9 +229,16 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
 
 // The 16-bit training forms' phases as their selection compares them (the pipelined consumer loop, kernel.cuh): per
 // pair of the thread's outputs (r = 2 pr and 2 pr + 1: channels c and c + 1 of one row) and phase, the two values
-// v = acc + sel_bias rounded to the I/O dtype — y, or -y where the weights were staged negated — in one register.
+// y = acc * sign + sel_bias rounded to the I/O dtype, sign-flipped (-y) where the weights were staged negated, in one
+// register: rounding y itself and flipping its sign bit keeps a zero's and a NaN's sign as the reference's y has them
+// (rounding -y directly gave +0 where y is +0, so the selected value read -0).
 // They hold everything the selection and its exact fallback need (y is rounded before the epilogue), so the
 // accumulators are free once these 64 registers are made: the next tile's products go out before the selection.
+// The sign bits of a pair's halves whose weights were staged negated (acc_sign -1): y's sign flipped there.
+__device__ __forceinline__ uint32_t pair_flip(const EpilogueArgs& a, float m0, float m1) {
+  return a.negated ? (m0 < 0.f ? 0x8000u : 0u) | (m1 < 0.f ? 0x80000000u : 0u) : 0u;
+}
+
 template <Mode M>
 struct PhasePairs {
   uint32_t v[8][8];  // [pair][phase]
@@ -244,9 +251,13 @@ __device__ __forceinline__ void pair_phases(const float (&acc)[8][16], int t, co
   for (int pr = 0; pr < 8; ++pr) {
     const int c = acc_channel(2 * pr, t);
     const float b0 = a.sel_bias[c], b1 = a.sel_bias[c + 1];
+    const float m0 = a.mult[c], m1 = a.mult[c + 1], s0 = acc_sign(a, m0), s1 = acc_sign(a, m1);
+    const uint32_t flip = pair_flip(a, m0, m1);
 #pragma unroll
     for (int ph = 0; ph < 8; ++ph) {
-      o.v[pr][ph] = Pair16<M>::round(acc[phase_slot(ph)][2 * pr] + b0, acc[phase_slot(ph)][2 * pr + 1] + b1);
+      o.v[pr][ph] =
+          Pair16<M>::round(fmaf(acc[phase_slot(ph)][2 * pr], s0, b0), fmaf(acc[phase_slot(ph)][2 * pr + 1], s1, b1)) ^
+          flip;
     }
   }
 }
@@ -321,7 +332,7 @@ template <Mode M>
 __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8], int c, const EpilogueArgs& a,
                                           uint32_t& best, uint32_t& sel, uint32_t& off) {
   const float m0 = a.mult[c], m1 = a.mult[c + 1];
-  const uint32_t flip = a.negated ? (m0 < 0.f ? 0x8000u : 0u) | (m1 < 0.f ? 0x80000000u : 0u) : 0u;
+  const uint32_t flip = pair_flip(a, m0, m1);
   if (p.unit_slopes) {
     // a.negated is block-uniform, so the whole warp takes the vote or none of it does.
     const bool done = a.negated && __all_sync(0xffffffffu, select_pair<M, true>(p, v, m0, m1, flip, best, sel, off));

@@ -276,10 +276,12 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   } else {
     w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, negate, tid - 128);
   }
-  // The selection bias of the training forms that negate (read after the consumers' barrier below).
+  // The training forms' bias for y = acc * acc_sign + sel_bias (read after the consumers' barrier below): the bias,
+  // but +0 for -0 where the weights were staged negated. There acc is -S, or +0 where the sum S is +0 (the
+  // accumulators start from +0), and -0 + -0 would make y -0 where S + b is +0.
   if (TRAIN && !MIXED && tid - 128 < kCoBlock) {
     const int c = tid - 128;
-    sSelBias[c] = negate && sMult[c] < 0.f ? -sBias[c] : sBias[c];
+    sSelBias[c] = negate && sMult[c] < 0.f ? sBias[c] + 0.f : sBias[c];
   }
   // Every consumer thread frees the raw weights after its own reads of them (release), rather than one thread after
   // a barrier: the producer's wait then orders each reader's loads before its stores directly (compute-sanitizer's
