@@ -139,6 +139,11 @@ __device__ __forceinline__ bool monotone_training_values(const Params& p, const 
   return ok;
 }
 
+// Whether tile mt of the unit lies wholly inside the output with all of the block's channels present.
+__device__ __forceinline__ bool tile_is_whole(const Params& p, const TileOrigin& u, int mt, const EpilogueArgs& a) {
+  return u.qh0 + kTH <= p.PH && u.qw0 + 8 * (mt + 1) <= p.PW && a.co0 + kCoBlock <= p.Cout;
+}
+
 // The stores of one m64 tile's pooled outputs: put(o, r) stores the thread's output r (and in the training form its
 // selected value and offset) at element offset o.
 template <typename Put>
@@ -147,7 +152,7 @@ __device__ __forceinline__ void store_outputs(const Params& p, const TileOrigin&
   // A tile wholly inside the output with all of the block's channels present (tile-uniform, so no divergence) stores
   // without guards, each address one 64-bit add from the row's: the guarded form below, with a 64-bit product and a
   // branch per output, took ~18 instructions a store.
-  const bool whole = u.qh0 + kTH <= p.PH && u.qw0 + 8 * (mt + 1) <= p.PW && a.co0 + kCoBlock <= p.Cout;
+  const bool whole = tile_is_whole(p, u, mt, a);
   const int64_t so1 = p.so[1];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -342,13 +347,51 @@ __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores.
+// A whole 16-bit training tile's stores through the warp's rows in shared memory (L::kOutRowsBytes: [2 rows][32
+// channels][8 columns] of out, of sel, then of the offsets), where p.out_rows16: each thread puts its 16 outputs of
+// each array there at compile-time offsets, then lane l stores channel l's 8 columns of each of the warp's 2 rows
+// as one 16-byte vector of out and of sel and one 8-byte vector of offsets — 6 global stores a thread where the
+// scalar form takes 48, each with its 64-bit address.
+__device__ __forceinline__ void store_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                           const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
+                                           int warp, int g, int t, const EpilogueArgs& a) {
+  uint16_t* const r_out = reinterpret_cast<uint16_t*>(rows);
+  uint16_t* const r_sel = r_out + 2 * kCoBlock * 8;
+  uint8_t* const r_off = reinterpret_cast<uint8_t*>(r_sel + 2 * kCoBlock * 8);
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int at = (((r >> 1) & 1) * kCoBlock + acc_channel(r, t)) * 8 + g, sh = 16 * (r & 1);
+    r_out[at] = static_cast<uint16_t>(best[r >> 1] >> sh);
+    r_sel[at] = static_cast<uint16_t>(sel[r >> 1] >> sh);
+    r_off[at] = static_cast<uint8_t>(off[r >> 1] >> sh);
+  }
+  __syncwarp();
+  const int lane = threadIdx.x & 31;
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half * kCoBlock + lane;
+    const int64_t o = col + static_cast<int64_t>(u.qh0 + 2 * warp + half) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + o) = reinterpret_cast<const uint4*>(r_out)[row];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + o) = reinterpret_cast<const uint4*>(r_sel)[row];
+    *reinterpret_cast<uint2*>(p.off + o) = reinterpret_cast<const uint2*>(r_off)[row];
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores (rows: the
+// warp's rows for store_rows).
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
-                                            int warp, int g, int t, const EpilogueArgs& a) {
+                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
+    store_rows(p, best, sel, off, rows, u, mt, warp, g, t, a);
+    return;
+  }
   store_outputs(p, u, mt, warp, g, t, a, [&](int64_t at, int r) {
     const int sh = 16 * (r & 1);
     static_cast<uint16_t*>(p.out)[at] = static_cast<uint16_t>(best[r >> 1] >> sh);
