@@ -214,15 +214,50 @@ __device__ __forceinline__ void select_phases(const Params& p, const float (&acc
   }
 }
 
-// One m64 tile's pooled outputs from its accumulators, then their stores.
+// A whole inference tile's outputs through the warp's rows in shared memory (store_rows' scheme for out alone:
+// [2 rows][32 channels][8 columns] of the output dtype), where p.out_rows16: 2 (16-bit) or 4 (float32) vector stores
+// a thread where the scalar form takes 16, each with its 64-bit address.
+template <typename T>
+__device__ __forceinline__ void store_out_rows(const Params& p, const float (&best)[16], uint8_t* rows,
+                                               const TileOrigin& u, int mt, int warp, int g, int t,
+                                               const EpilogueArgs& a) {
+  constexpr int kVecs = 8 * static_cast<int>(sizeof(T)) / 16;  // 16-byte vectors per row of 8 columns
+  T* const r_out = reinterpret_cast<T*>(rows);
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+#pragma unroll
+  for (int r = 0; r < 16; ++r) r_out[(((r >> 1) & 1) * kCoBlock + acc_channel(r, t)) * 8 + g] = from_float<T>(best[r]);
+  __syncwarp();
+  const int lane = threadIdx.x & 31;
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half * kCoBlock + lane;
+    uint4* const dst =
+        reinterpret_cast<uint4*>(static_cast<T*>(p.out) + col + static_cast<int64_t>(u.qh0 + 2 * warp + half) * p.so[3]);
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) dst[v] = reinterpret_cast<const uint4*>(r_out)[row * kVecs + v];
+  }
+}
+
+// One m64 tile's pooled outputs from its accumulators, then their stores (rows: the warp's rows for
+// store_out_rows in the 16-bit inference forms, else unused).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
-                                           int warp, int g, int t, const EpilogueArgs& a) {
+                                           int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   using io_t = typename ModeTraits<M>::io_t;
   using Out = OutputTraits<M, MIXED>;
   float best[16], sel[16];
   uint32_t off[16];
   select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
+  if constexpr (!TRAIN && ModeTraits<M>::kHalf) {
+    if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
+      store_out_rows<typename Out::out_t>(p, best, rows, u, mt, warp, g, t, a);
+      return;
+    }
+  } else {
+    (void)rows;
+  }
   store_outputs(p, u, mt, warp, g, t, a, [&](int64_t o, int r) {
     Out::store(p, o, best[r]);
     if constexpr (TRAIN) {

@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         pin_all(acc);
         if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
         if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args);
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args, nullptr);
         if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
       }
     }
@@ -393,6 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // With halves both consumers take every item, consumer c its tile 2 (item % 2) + c.
   // (32-bit: the launcher keeps a block's items far below 2^29.)
   const int64_t items = work_items(p);
+  uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows)
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
     if (fix_edges) {
