@@ -360,11 +360,13 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed", "strict"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("cin,cout,shape,op", [(16, 32, (2, 6, 9, 37), (1, 0, 1)), (3, 5, (1, 4, 17, 8), (0, 1, 1)),
-                                               (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1))])
+                                               (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1)),
+                                               (16, 64, (2, 4, 16, 32), (1, 1, 1))])
 def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
     """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within; strict float32: the
     same three products per k-step into a fresh accumulator, then IEEE adds), so on random data they agree bit for
-    bit: outputs, selected values and offsets, with NaN where both have NaN."""
+    bit: outputs, selected values and offsets, with NaN where both have NaN. The last shape's pooled planes are whole
+    units (16 x 32) and its channel blocks full, so the 16-bit forms store whole tiles through shared memory's rows."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
     if prec == "strict" and train:
