@@ -96,9 +96,9 @@ struct Layout {
   static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
   static constexpr int kParamBytes = 3 * kCoBlock * 4;  // multipliers, biases, the selection's biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
-  // The 16-bit training forms' output rows (epilogue.cuh, store_rows): per consumer warp, one tile's 2 pooled rows x
-  // 32 channels x 8 columns of out and sel (2 bytes) and offsets (1 byte).
-  static constexpr int kOutRowsBytes = ModeTraits<M>::kHalf ? 2 * kCoBlock * 8 * (2 + 2 + 1) : 0;
+  // The 16-bit inference forms' output rows (epilogue.cuh, store_out_rows): per consumer warp, one tile's 2 pooled
+  // rows x 32 channels x 8 columns of 2 bytes.
+  static constexpr int kOutRowsBytes = ModeTraits<M>::kHalf ? 2 * kCoBlock * 8 * 2 : 0;
   static constexpr int kOutScratchBytes = 4 * kConsumers * kOutRowsBytes;
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
   static constexpr int kFixed = kBBytes + kOutScratchBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
