@@ -7,6 +7,7 @@
 #include "conv_transpose3d_post_pool/cuda/tiles.cuh"
 #include "conv_transpose3d_post_pool/hopper/geometry.cuh"
 #include "conv_transpose3d_post_pool/hopper/pair16.cuh"
+#include "conv_transpose3d_post_pool/hopper/sync.cuh"
 #include "common/epilogue.h"
 
 namespace fused {
@@ -214,38 +215,124 @@ __device__ __forceinline__ void select_phases(const Params& p, const float (&acc
   }
 }
 
+// Four 8 x 8 matrices of 16-bit elements from the accumulator layout (register j: matrix j's row g, columns 2 t and
+// 2 t + 1) into shared memory transposed: lane l gives the address where column l % 8 of matrix l / 8 goes, its
+// 8 rows as 16 contiguous bytes.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // A whole 16-bit inference tile's outputs through the warp's rows in shared memory (L::kOutRowsBytes: [2 rows][32
-// channels][8 columns] of the output dtype), where p.out_rows16: each thread puts its 16 outputs there at
-// compile-time offsets, then lane l stores channel l's 8 columns of each of the warp's 2 rows as one 16-byte vector —
+// channels][8 columns] of the output dtype), where p.out_rows16: each thread rounds its outputs in pairs (channels c,
+// c + 1 of one row: the accumulator layout's columns) and two transposing stmatrix put them where each channel's 8
+// columns lie together, then lane l stores channel l's 8 columns of each of the warp's 2 rows as one 16-byte vector —
 // 2 global stores a thread where the scalar form takes 16, each with its 64-bit address. Measured (H200, KernelBench
-// size, one call): bf16 36.1 -> 32.2 us, fp16 36.1 -> 32.6; the same for the mixed form's float32 rows (4 vectors a
-// thread) made it slower, 35.4 -> 43.7 (autocast 41.5 -> 50.4), so those keep the scalar stores.
-template <typename T>
+// size, one call; with 16 scalar shared stores then): bf16 36.1 -> 32.2 us, fp16 36.1 -> 32.6; the same for the
+// mixed form's float32 rows (4 vectors a thread, half sectors) made it slower, 35.4 -> 43.7 (autocast 41.5 -> 50.4),
+// so those keep the scalar stores.
+template <Mode M>
 __device__ __forceinline__ void store_out_rows(const Params& p, const float (&best)[16], uint8_t* rows,
-                                               const TileOrigin& u, int mt, int warp, int g, int t,
-                                               const EpilogueArgs& a) {
-  constexpr int kVecs = 8 * static_cast<int>(sizeof(T)) / 16;  // 16-byte vectors per row of 8 columns
-  static_assert(kVecs == 1, "16-bit rows");
-  T* const r_out = reinterpret_cast<T*>(rows);
+                                               const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
+  using T = typename ModeTraits<M>::io_t;
+  constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
+  uint32_t pk[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
+  const int lane = threadIdx.x & 31;
+  const uint32_t base = smem_addr(rows) + 16 * lane;
   __syncwarp();  // the warp's reads of the previous tile's rows are done
 #pragma unroll
-  for (int r = 0; r < 16; ++r) r_out[(((r >> 1) & 1) * kCoBlock + acc_channel(r, t)) * 8 + g] = from_float<T>(best[r]);
+  for (int h = 0; h < 2; ++h) stmatrix_x4_trans(base + h * kRowBytes, pk[h], pk[2 + h], pk[4 + h], pk[6 + h]);
   __syncwarp();
-  const int lane = threadIdx.x & 31;
   const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
                       static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = half * kCoBlock + lane;
-    uint4* const dst =
-        reinterpret_cast<uint4*>(static_cast<T*>(p.out) + col + static_cast<int64_t>(u.qh0 + 2 * warp + half) * p.so[3]);
+  for (int h = 0; h < 2; ++h) {
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
+        reinterpret_cast<const uint4*>(rows)[h * kCoBlock + lane];
+  }
+}
+
+// The TF32 forms' float32 rows (store_rows32): the thread's 16 values into [2 rows][32 channels][8 columns], 32
+// bytes a channel's row, logical row R (= 32 x row + channel) at row R ^ ((R >> 2) & 1): with that swap the warp's 32
+// stores of one register meet 32 distinct banks (rows 2 t + e of the four t fall in four different groups of 8 banks).
+__device__ __forceinline__ void put_rows32(uint8_t* rows, const float (&v)[16], int g, int t) {
+  float* const w = reinterpret_cast<float*>(rows);
+  const int swap = (t >> 1) & 1;
+  float* const w0 = w + 8 * (2 * t + swap) + g;        // the thread's channel 8 j + 2 t, row 0
+  float* const w1 = w + 8 * (2 * t + (1 ^ swap)) + g;  // channel 8 j + 2 t + 1
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) dst[v] = reinterpret_cast<const uint4*>(r_out)[row * kVecs + v];
+  for (int r = 0; r < 16; ++r) (r & 1 ? w1 : w0)[8 * (32 * ((r >> 1) & 1) + 8 * (r >> 2))] = v[r];
+}
+
+// Lane l's share of the float32 rows: logical rows 16 i + l / 2 (i = 0..3), the half l % 2 of each (16 bytes), so
+// that lanes 2 k and 2 k + 1 store a channel row's whole 32 bytes (a full sector) and a quarter warp reads 128
+// contiguous bytes.
+__device__ __forceinline__ void get_rows32(const uint8_t* rows, int lane, uint4 (&q)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 16 * i + (lane >> 1);
+    q[i] = reinterpret_cast<const uint4*>(rows)[2 * (row ^ ((row >> 2) & 1)) + (lane & 1)];
+  }
+}
+
+// A whole TF32 tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where p.out_rows16: its
+// outputs, then (training) its selected values through the same 2 KB, and its offsets as byte pairs by a transposing
+// stmatrix (store_pair_rows); 4 vector stores a lane and tensor (whole sectors) where the scalar form takes 16 a
+// thread, each with its 64-bit address.
+template <bool TRAIN>
+__device__ __forceinline__ void store_rows32(const Params& p, const float (&best)[16], const float (&sel)[16],
+                                             const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u, int mt,
+                                             int warp, int g, int t, const EpilogueArgs& a) {
+  constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;
+  static_assert(Layout<Mode::kTF32, 1>::kOutRowsBytes >= kValueBytes + (TRAIN ? kCoBlock * 16 : 0), "the warp's rows");
+  const int lane = threadIdx.x & 31;
+  uint4 qo[4], qs[4];
+  uint4 qf = make_uint4(0u, 0u, 0u, 0u);
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+  put_rows32(rows, best, g, t);
+  if constexpr (TRAIN) {
+    // Chunk j's offsets as store_pair_rows has them: element e (channel 8 j + 2 t + e) holds row 0's in its low byte and
+    // row 1's in its high byte (output r = 4 j + 2 row + e).
+    uint32_t ob[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
+    stmatrix_x4_trans(smem_addr(rows + kValueBytes) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
+  }
+  __syncwarp();
+  get_rows32(rows, lane, qo);
+  if constexpr (TRAIN) {
+    qf = reinterpret_cast<const uint4*>(rows + kValueBytes)[lane];
+    __syncwarp();
+    put_rows32(rows, sel, g, t);
+    __syncwarp();
+    get_rows32(rows, lane, qs);
+  }
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                      (u.qw0 + 8 * mt + 4 * (lane & 1));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t e = col + static_cast<int64_t>(a.co0 + 16 * (i & 1) + (lane >> 1)) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + (i >> 1)) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<float*>(p.out) + e) = qo[i];
+    if constexpr (TRAIN) *reinterpret_cast<uint4*>(static_cast<float*>(p.sel) + e) = qs[i];
+  }
+  if constexpr (TRAIN) {
+    const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+      *reinterpret_cast<uint2*>(p.off + e + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
+          make_uint2(__byte_perm(qf.x, qf.y, s), __byte_perm(qf.z, qf.w, s));
+    }
   }
 }
 
 // One m64 tile's pooled outputs from its accumulators, then their stores (rows: the warp's rows for
-// store_out_rows in the 16-bit-output inference forms, else unused).
+// store_out_rows in the 16-bit-output inference forms and store_rows32 in the TF32 ones, else unused).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
@@ -256,7 +343,12 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
   if constexpr (!TRAIN && ModeTraits<M>::kHalf && !MIXED) {
     if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
-      store_out_rows<typename Out::out_t>(p, best, rows, u, mt, warp, g, t, a);
+      store_out_rows<M>(p, best, rows, u, mt, warp, a);
+      return;
+    }
+  } else if constexpr (M == Mode::kTF32) {
+    if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
+      store_rows32<TRAIN>(p, best, sel, off, rows, u, mt, warp, g, t, a);
       return;
     }
   } else {
@@ -386,15 +478,60 @@ __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores. (Through the
-// warp's rows in shared memory, as store_out_rows, its 48 scalar stores became 6 vector ones, and bf16 training
-// measured 79.8 -> 82.6 us, fp16 77.4 -> 82.5: not kept.)
+// A whole 16-bit training tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where
+// p.out_rows16: the pairs' columns are channels and their rows positions, so one transposing stmatrix puts 4 of a
+// thread's pairs where each channel's 8 columns lie together — [2 rows][32 channels][8 columns] of outputs, the same of
+// selected values, and [32 channels][8 columns][2 rows] of offsets (bytes, each 16-bit element holding both rows'); then
+// lane l stores channel l's columns of each row as one vector per tensor. 5 stmatrix, 5 shared loads and 6 global
+// stores a thread where the scalar form takes 48 global stores, each with its 64-bit address and a shift or mask.
+template <Mode M>
+__device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                                const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
+                                                int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
+  const int lane = threadIdx.x & 31;
+  const uint32_t base = smem_addr(rows) + 16 * lane;
+  // Offsets: chunk j's pairs (rows g and g + 8: pairs 2 j and 2 j + 1) in one register, element e (channel 8 j + 2 t + e)
+  // holding row g's offset in its low byte and row g + 8's in its high byte.
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(base + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(base + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+  stmatrix_x4_trans(base + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
+  __syncwarp();
+  const uint4* const r = reinterpret_cast<const uint4*>(rows) + lane;
+  const uint4 o = r[4 * kCoBlock];
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t e = col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + e) = r[h * kCoBlock];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + e) = r[(2 + h) * kCoBlock];
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: a whole tile
+// through the warp's rows (store_pair_rows), others element by element. (Through the rows by 48 scalar shared stores,
+// bf16 training measured 79.8 -> 82.6 us, fp16 77.4 -> 82.5.)
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
-                                            int warp, int g, int t, const EpilogueArgs& a) {
+                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
+    store_pair_rows<M>(p, best, sel, off, rows, u, mt, warp, a);
+    return;
+  }
   store_outputs(p, u, mt, warp, g, t, a, [&](int64_t at, int r) {
     const int sh = 16 * (r & 1);
     static_cast<uint16_t*>(p.out)[at] = static_cast<uint16_t>(best[r >> 1] >> sh);
