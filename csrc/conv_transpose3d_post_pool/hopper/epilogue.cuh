@@ -294,8 +294,8 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
   __syncwarp();  // the warp's reads of the previous tile's rows are done
   put_rows32(rows, best, g, t);
   if constexpr (TRAIN) {
-    // Chunk j's offsets as store_pair_rows has them: element e (channel 8 j + 2 t + e) holds row 0's in its low byte and
-    // row 1's in its high byte (output r = 4 j + 2 row + e).
+    // Chunk j's offsets as store_pair_rows has them: element e (channel 8 j + 2 t + e) holds row 0's in its low
+    // byte and row 1's in its high byte (output r = 4 j + 2 row + e).
     uint32_t ob[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
@@ -480,10 +480,11 @@ __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8
 
 // A whole 16-bit training tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where
 // p.out_rows16: the pairs' columns are channels and their rows positions, so one transposing stmatrix puts 4 of a
-// thread's pairs where each channel's 8 columns lie together — [2 rows][32 channels][8 columns] of outputs, the same of
-// selected values, and [32 channels][8 columns][2 rows] of offsets (bytes, each 16-bit element holding both rows'); then
-// lane l stores channel l's columns of each row as one vector per tensor. 5 stmatrix, 5 shared loads and 6 global
-// stores a thread where the scalar form takes 48 global stores, each with its 64-bit address and a shift or mask.
+// thread's pairs where each channel's 8 columns lie together — [2 rows][32 channels][8 columns] of outputs, the same
+// of selected values, and [32 channels][8 columns][2 rows] of offsets (bytes, each 16-bit element holding both
+// rows'); then lane l stores channel l's columns of each row as one vector per tensor. 5 stmatrix, 5 shared loads
+// and 6 global stores a thread where the scalar form takes 48 global stores, each with its 64-bit address and a
+// shift or mask.
 template <Mode M>
 __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
                                                 const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
@@ -492,8 +493,8 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
   static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
   const int lane = threadIdx.x & 31;
   const uint32_t base = smem_addr(rows) + 16 * lane;
-  // Offsets: chunk j's pairs (rows g and g + 8: pairs 2 j and 2 j + 1) in one register, element e (channel 8 j + 2 t + e)
-  // holding row g's offset in its low byte and row g + 8's in its high byte.
+  // Offsets: chunk j's pairs (rows g and g + 8: pairs 2 j and 2 j + 1) in one register, element e (channel
+  // 8 j + 2 t + e) holding row g's offset in its low byte and row g + 8's in its high byte.
   uint32_t ob[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
