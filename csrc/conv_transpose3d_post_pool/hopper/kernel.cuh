@@ -171,11 +171,11 @@ __device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16],
 template <Mode M, bool MIXED>
 __device__ __forceinline__ void finish_tile(const Params& p, const PhasePairs<M>& phases, const TileOrigin& u,
                                             int64_t k, int i, bool item_done, int item_tiles, bool fix_edges,
-                                            int ctid, const EpilogueArgs& args, uint8_t* rows) {
+                                            int ctid, const EpilogueArgs& args) {
   const int c = consumer_index(), warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
-  if (!ablated(p, kAblateEpilogue)) store_pairs<M>(p, phases, u, mt0 + i, warp, g, t, args, rows);
+  if (!ablated(p, kAblateEpilogue)) store_pairs<M>(p, phases, u, mt0 + i, warp, g, t, args);
   if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 3 + 2 * i));
   if (item_done && fix_edges) {
     warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
@@ -296,7 +296,6 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
   const EpilogueArgs args{sMult, sBias, sSelBias, co0, exact, monotone, negate};
-  uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_pair_rows)
   const uint32_t b_addr = smem_addr(sB);
   float acc[8][16];
 #pragma unroll
@@ -331,11 +330,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         const int64_t k_next = item_done ? k + k_step : k;
         const int i_next = item_done ? 0 : i + 1;
         if (item_done && blockIdx.x + k_next * gridDim.x >= items) {
-          finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args, rows);
+          finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
           break;
         }
         issue_tile<M, KS>(p, acc, full, sStages, b_addr, k_next, i_next);
-        finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args, rows);
+        finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
         if (item_done) u = unit_origin(p, item_unit(p, blockIdx.x + k_next * gridDim.x));
         k = k_next;
         i = i_next;
@@ -393,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // With halves both consumers take every item, consumer c its tile 2 (item % 2) + c.
   // (32-bit: the launcher keeps a block's items far below 2^29.)
   const int64_t items = work_items(p);
+  uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_rows32)
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -482,9 +482,9 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   p.w_bulk = !CAST && M != Mode::kStrict && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 &&
              p.sw[0] == 27 * int64_t{p.Cout} && (27 * int64_t{p.Cout} * ew) % 16 == 0 &&
              reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
-  // The 16-bit forms' whole-tile output rows as aligned vectors (epilogue.cuh, store_out_rows and store_pair_rows):
-  // unit w stride, every other stride a multiple of 8 elements, out and the training form's selected values on 16
-  // bytes, its offsets on 8.
+  // The whole-tile output rows as aligned vectors (epilogue.cuh, store_out_rows and store_rows32): unit w stride,
+  // every other stride a multiple of 8 elements, out and the training form's selected values on 16 bytes, its
+  // offsets on 8.
   p.out_rows16 = p.so[4] == 1 && p.so[0] % 8 == 0 && p.so[1] % 8 == 0 && p.so[2] % 8 == 0 && p.so[3] % 8 == 0 &&
                  reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
                  (p.sel == nullptr || (reinterpret_cast<uintptr_t>(p.sel) % 16 == 0 &&
