@@ -111,7 +111,11 @@ def make(shape, dtype, ints, cl=False, bias=True, mult="chan", seed=0):
         w = (torch.randn((Cin, Cout, 3, 3, 3), generator=g, device="cuda") / (27 * max(Cin, 1)) ** 0.5).to(dtype)
         b = (torch.randn((Cout,), generator=g, device="cuda") * 0.1).to(dtype) if bias else None
         m = torch.randn((Cout,), generator=g, device="cuda").to(dtype)
-    m = {"chan": m, "pos": m.abs() + 0.5, "neg": -(m.abs() + 0.5), "one": m[:1]}[mult]
+    # tiny / huge: |m| outside the sm_90a kernel's 16-bit training selection's range (hopper/epilogue.cuh,
+    # pair_scale_ok), both signs: the kernel must take its exact selection there.
+    sign = torch.where(torch.arange(Cout, device="cuda") % 2 == 0, 1.0, -1.0).to(dtype)
+    m = {"chan": m, "pos": m.abs() + 0.5, "neg": -(m.abs() + 0.5), "one": m[:1],
+         "tiny": (m.abs() + 0.5) * sign * 2.0 ** -30, "huge": (m.abs() + 0.5) * sign * 2.0 ** 30}[mult]
     m = m.reshape(-1, 1, 1, 1).contiguous()
     if cl:
         x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -120,10 +124,12 @@ def make(shape, dtype, ints, cl=False, bias=True, mult="chan", seed=0):
 
 
 def check_exact(prec, shape, op, tf32_setting, s1=0.1, s2=0.2, train=True, cl=False, mult="chan", bias=True,
-                neg_inf=False, seed=0):
+                neg_inf=False, seed=0, x_scale=1.0):
     dtype, tf32 = PRECS[prec]
     tf32_setting(tf32)
     x, w, b, m = make(shape, dtype, True, cl=cl, bias=bias, mult=mult, seed=seed)
+    if x_scale != 1.0:  # a power of two: the convolution values stay exact
+        x, b = x * x_scale, None if b is None else b * x_scale
     if neg_inf:
         w, x = w.abs() + 1, x.clone()
         x.view(-1)[::7] = float("-inf")
@@ -177,6 +183,22 @@ def test_exact_merged_activations(prec, mult, tf32_setting):
 @pytest.mark.parametrize("train", [True, False])
 def test_exact_multipliers(prec, mult, bias, train, tf32_setting):
     check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, bias=bias, train=train)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "fp32", "bf16"])
+@pytest.mark.parametrize("mult", ["tiny", "huge"])
+@pytest.mark.parametrize("train", [True, False])
+def test_exact_extreme_multipliers(prec, mult, train, tf32_setting):
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, train=train)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "fp32", "bf16"])
+@pytest.mark.parametrize("x_scale", [2.0 ** -45, 2.0 ** 98])
+@pytest.mark.parametrize("mult", ["pos", "neg", "chan"])
+def test_exact_value_scales(prec, x_scale, mult, tf32_setting):
+    # Convolution values near bfloat16's extremes, outside the 16-bit training selection's range (hopper/epilogue.cuh,
+    # kPairMinY / kPairMaxY) for some outputs and inside it for others.
+    check_exact(prec, (2, 3, 5, 5, 7, 9), (1, 1, 1), tf32_setting, mult=mult, train=True, x_scale=x_scale)
 
 
 @pytest.mark.parametrize("prec", list(PRECS))
@@ -338,11 +360,14 @@ def test_which_kernel_runs(forward_kernel, batch, tf32_setting):
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed", "strict"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("cin,cout,shape,op", [(16, 32, (2, 6, 9, 37), (1, 0, 1)), (3, 5, (1, 4, 17, 8), (0, 1, 1)),
-                                               (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1))])
+                                               (9, 33, (3, 3, 8, 40), (1, 1, 0)), (5, 40, (2, 5, 7, 24), (1, 1, 1)),
+                                               (16, 64, (2, 4, 16, 32), (1, 1, 1))])
 def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op, tf32_setting):
     """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within; strict float32: the
     same three products per k-step into a fresh accumulator, then IEEE adds), so on random data they agree bit for
-    bit: outputs, selected values and offsets, with NaN where both have NaN."""
+    bit: outputs, selected values and offsets, with NaN where both have NaN. The last shape's pooled planes are whole
+    units (16 x 32) and its channel blocks full, so the TF32 training and 16-bit inference forms (not the mixed ones)
+    store whole tiles through shared memory's rows."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
     if prec == "strict" and train:
@@ -368,6 +393,40 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
             _C._conv_forward_kernel(prev)
     for a, ref in zip(*outs):
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_wgmma_zero_signs(forward_kernel, prec, bias, tf32_setting):
+    """Integer data with many exact zero sums (and sums cancelling the bias), multipliers of both signs: the training
+    form's outputs and selected values equal the mma.sync kernel's bit for bit, a zero's sign included (the sm_90a
+    training forms accumulate -S for negative multipliers; y is rounded from S + b and its sign flipped after)."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(prec == "tf32")
+    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randint(-1, 2, (2, 16, 4, 9, 16), device="cuda", generator=g).to(dt)
+    x[0] = 0
+    w = torch.randint(-1, 2, (16, 40, 3, 3, 3), device="cuda", generator=g).to(dt)
+    b = torch.randint(-2, 3, (40,), device="cuda", generator=g).to(dt) if bias else None
+    m = torch.tensor([-1.0, 0.5, -0.25, 2.0] * 10, device="cuda").view(40, 1, 1, 1).to(dt)
+    outs = []
+    for choice in (2, 1):
+        prev = _C._conv_forward_kernel(choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), True))
+        finally:
+            _C._conv_forward_kernel(prev)
+    ibits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    for a, ref in zip(*outs):
+        if a.dtype in ibits:
+            assert torch.equal(a.view(ibits[a.dtype]), ref.view(ibits[ref.dtype]))
+        else:
+            assert torch.equal(a, ref)
+    assert (outs[1][1] == 0).any() and (outs[1][1].view(ibits[dt]) == 0).any(), "no +0 selected: the test is void"
 
 
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed", "strict"])

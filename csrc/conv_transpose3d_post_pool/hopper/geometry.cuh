@@ -94,14 +94,22 @@ struct Layout {
   // their low parts (strict.cuh).
   static constexpr int kBCopyBytes = kCols * kChunks * 16;
   static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
-  static constexpr int kParamBytes = 2 * kCoBlock * 4;  // multipliers, biases
+  static constexpr int kParamBytes = 3 * kCoBlock * 4;  // multipliers, biases, the selection's biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
+  // The output rows of one tile per consumer warp (epilogue.cuh): in the 16-bit forms 2 pooled rows x 32 channels x
+  // 8 columns of 2 bytes (store_out_rows, inference), in the TF32 forms the same of 4 bytes then 32 channels x 8
+  // columns x 2 rows of offset bytes (store_rows32, training). Not strict float32, whose B copies leave room for fewer
+  // stages.
+  static constexpr int kOutRowsBytes =
+      M == Mode::kStrict ? 0 : (M == Mode::kTF32 ? 5 : 2) * kCoBlock * 16;
+  static constexpr int kOutScratchBytes = 4 * kConsumers * kOutRowsBytes;
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
-  static constexpr int kFixed = kBBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
+  static constexpr int kFixed = kBBytes + kOutScratchBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
   static constexpr int kStages = (kSmemBudget - kFixed) / kStageBytes >= 4 ? 4 : (kSmemBudget - kFixed) / kStageBytes;
   static_assert(kStages >= 2, "the instantiation does not fit two stages");
   static constexpr size_t kSmem =
-      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kParamBytes + 2 * 8 * (kStages + 1) + kTapTableBytes;
+      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kOutScratchBytes + kParamBytes + 2 * 8 * (kStages + 1) +
+      kTapTableBytes;
 };
 
 }  // namespace hopper

@@ -57,10 +57,10 @@ constexpr bool kPipelined = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 template <Mode M, bool TRAIN>
 constexpr bool kMovesRegisters = TRAIN || M == Mode::kStrict;
 
-// Their registers: the consumer holds the next tile's 128 accumulators in flight while it stores the previous
-// tile's PooledTile (34) with its addresses; 128 x 72 + 256 x 216 fill the launch's 384 x 168.
-constexpr int kPipelinedProducerRegs = 72;
-constexpr int kPipelinedConsumerRegs = 216;
+// Their registers: the consumer holds the next tile's 128 accumulators in flight while it selects and stores the
+// previous tile from its PhasePairs (64); 128 x 56 + 256 x 224 fill the launch's 384 x 168.
+constexpr int kPipelinedProducerRegs = 56;
+constexpr int kPipelinedConsumerRegs = 224;
 static_assert(fits_launch(kPipelinedProducerRegs, kPipelinedConsumerRegs), "the roles' registers exceed the launch's");
 
 // Whether a measurement build leaves `part` out (ablation.h); false, at compile time, in every other build.
@@ -148,7 +148,7 @@ template <Mode M, int KS>
 __device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16], uint64_t* full, uint8_t* stages,
                                            uint32_t b_addr, int64_t k, int i) {
   using L = Layout<M, KS>;
-  const int c = threadIdx.x / 128 - 1;
+  const int c = consumer_index();
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int stage = static_cast<int>(k % L::kStages);
   if (i == 0) {
@@ -166,17 +166,16 @@ __device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16],
   }
 }
 
-// The stores of consumer item k's tile i, and after the item's last tile the border fix where the block saw a
-// non-finite weight.
+// The selection and stores of consumer item k's tile i (u: the item's unit's origin), and after the item's last
+// tile the border fix where the block saw a non-finite weight.
 template <Mode M, bool MIXED>
-__device__ __forceinline__ void finish_tile(const Params& p, const PooledTile& pooled, int64_t k, int i,
-                                            bool item_done, int item_tiles, bool fix_edges, int ctid,
-                                            const EpilogueArgs& args) {
-  const int c = threadIdx.x / 128 - 1, warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
+__device__ __forceinline__ void finish_tile(const Params& p, const PhasePairs<M>& phases, const TileOrigin& u,
+                                            int64_t k, int i, bool item_done, int item_tiles, bool fix_edges,
+                                            int ctid, const EpilogueArgs& args) {
+  const int c = consumer_index(), warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
   const int64_t item = blockIdx.x + k * gridDim.x;
   const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
-  const TileOrigin u = unit_origin(p, item_unit(p, item));
-  if (!ablated(p, kAblateEpilogue)) store_pooled<M, MIXED>(p, pooled, u, mt0 + i, warp, g, t, args);
+  if (!ablated(p, kAblateEpilogue)) store_pairs<M>(p, phases, u, mt0 + i, warp, g, t, args);
   if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 3 + 2 * i));
   if (item_done && fix_edges) {
     warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
@@ -192,9 +191,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sB = smem;
   uint8_t* const sStages = smem + L::kBBytes;
-  float* const sMult = reinterpret_cast<float*>(sStages + L::kStages * L::kStageBytes);
+  uint8_t* const sOutRows = sStages + L::kStages * L::kStageBytes;  // the consumer warps' output rows (epilogue.cuh)
+  float* const sMult = reinterpret_cast<float*>(sOutRows + L::kOutScratchBytes);
   float* const sBias = sMult + kCoBlock;
-  uint64_t* const full = reinterpret_cast<uint64_t*>(sBias + kCoBlock);
+  float* const sSelBias = sBias + kCoBlock;  // EpilogueArgs::sel_bias
+  uint64_t* const full = reinterpret_cast<uint64_t*>(sSelBias + kCoBlock);
   uint64_t* const empty = full + L::kStages;
   uint64_t* const landed = empty + L::kStages;  // the weights' bulk copies (stage_weights_bulk)
   uint64_t* const raw_free = landed + 1;         // the consumers are done with the raw weights
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int tid = threadIdx.x;
   const int co0 = blockIdx.y * kCoBlock;
   if (tid == 0) trace_mark(p, kTraceStart);
-  bool breaks_monotone = false;
+  bool breaks_monotone = false, outside_pairs = false;
   if (tid < kCoBlock) {
     const int co = co0 + tid;
     const bool ok = co < p.Cout;
@@ -212,6 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     const float b = ok && p.bias != nullptr ? Source<M, CAST>::value(p.bias, co) : -0.f;
     const float inf = __int_as_float(0x7f800000);
     breaks_monotone = ok && (m == 0.f || !(fabsf(m) < inf) || !(fabsf(b) < inf));
+    outside_pairs = ok && !pair_scale_ok(fabsf(m));
     sMult[tid] = m;
     sBias[tid] = b;
   }
@@ -228,9 +230,16 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // Block-uniform: the monotone form only where it is exact for every channel of the block.
   const bool monotone = p.s1 > 0.f && p.s2 > 0.f && !any_breaks;
   const bool exact = TRAIN || !monotone;
+  // The weights staged negated for negative multipliers: the inference forms' monotone form, and the training forms'
+  // monotone selection (unit slopes; not the mixed form, whose selection is always exact; in the 16-bit forms only
+  // with multipliers and slopes in select_pair's range).
+  bool negate = TRAIN ? !MIXED && monotone && p.unit_slopes : !exact;
+  if constexpr (kPipelined<M, TRAIN, MIXED>) {
+    negate = __syncthreads_or(outside_pairs) == 0 && negate && pair_scale_ok(p.s1) && pair_scale_ok(p.s2);
+  }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
       release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
@@ -263,10 +272,17 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   bool w_nonfinite;
   if constexpr (!CAST && M != Mode::kStrict) {
     w_nonfinite = p.w_bulk ? stage_weights_bulk<M, KS>(p, sB, sStages + RawWeights<M, KS>::kFirstStage * L::kStageBytes,
-                                                       landed, tap_table, co0, sMult, !exact, tid - 128)
-                           : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+                                                       landed, tap_table, co0, sMult, negate, tid - 128)
+                           : stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, negate, tid - 128);
   } else {
-    w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, !exact, tid - 128);
+    w_nonfinite = stage_weights<M, KS, CAST>(p, sB, tap_table, co0, sMult, negate, tid - 128);
+  }
+  // The training forms' bias for y = acc * acc_sign + sel_bias (read after the consumers' barrier below): the bias,
+  // but +0 for -0 where the weights were staged negated. There acc is -S, or +0 where the sum S is +0 (the
+  // accumulators start from +0), and -0 + -0 would make y -0 where S + b is +0.
+  if (TRAIN && !MIXED && tid - 128 < kCoBlock) {
+    const int c = tid - 128;
+    sSelBias[c] = negate && sMult[c] < 0.f ? sBias[c] + 0.f : sBias[c];
   }
   // Every consumer thread frees the raw weights after its own reads of them (release), rather than one thread after
   // a barrier: the producer's wait then orders each reader's loads before its stores directly (compute-sanitizer's
@@ -279,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
   const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t = lane & 3;
-  const EpilogueArgs args{sMult, sBias, co0, exact, monotone};
+  const EpilogueArgs args{sMult, sBias, sSelBias, co0, exact, monotone, negate};
   const uint32_t b_addr = smem_addr(sB);
   float acc[8][16];
 #pragma unroll
@@ -288,16 +304,19 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
 
   if constexpr (kPipelined<M, TRAIN, MIXED>) {
-    // Each consumer pipelines its tiles: once a tile's products are in, the selection over its phases reads the
-    // accumulators into a PooledTile, the next tile's wgmma go out into them, and the tile's stores run under those;
-    // no turns (each consumer's products overlap its own stores). The loop issues unconditionally after its exit
-    // test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue them.
+    // Each consumer pipelines its tiles: once a tile's products are in, its phases are rounded into PhasePairs (64
+    // registers), the next tile's wgmma go out into the accumulators, and the tile's selection and stores run under
+    // those; no turns (each consumer's products overlap its own epilogue). The loop issues unconditionally after its
+    // exit test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue
+    // them.
     const int64_t items = work_items(p);
     const int item_tiles = p.halves ? 1 : kMTiles;
     const int k_step = p.halves ? 1 : kConsumers;
     int64_t k = p.halves ? 0 : c;
     int i = 0;  // the tile of item k whose products are in flight
     if (blockIdx.x + k * gridDim.x < items) {
+      // The origin of item k's unit, decoded once per item (three integer divisions).
+      TileOrigin u = unit_origin(p, item_unit(p, blockIdx.x + k * gridDim.x));
       issue_tile<M, KS>(p, acc, full, sStages, b_addr, k, i);
       for (;;) {
         if (!ablated(p, kAblateMma)) wgmma_wait_all();
@@ -305,17 +324,18 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 2 + 2 * i));
         const bool item_done = i == item_tiles - 1;
         if (item_done) mbar_arrive(&empty[static_cast<int>(k % L::kStages)]);
-        PooledTile pooled;
-        if (!ablated(p, kAblateEpilogue)) pool_tile<M, MIXED>(p, acc, t, args, pooled);
+        PhasePairs<M> phases;
+        if (!ablated(p, kAblateEpilogue)) pair_phases<M>(acc, t, args, phases);
         pin_all(acc);
         const int64_t k_next = item_done ? k + k_step : k;
         const int i_next = item_done ? 0 : i + 1;
         if (item_done && blockIdx.x + k_next * gridDim.x >= items) {
-          finish_tile<M, MIXED>(p, pooled, k, i, item_done, item_tiles, fix_edges, ctid, args);
+          finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
           break;
         }
         issue_tile<M, KS>(p, acc, full, sStages, b_addr, k_next, i_next);
-        finish_tile<M, MIXED>(p, pooled, k, i, item_done, item_tiles, fix_edges, ctid, args);
+        finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
+        if (item_done) u = unit_origin(p, item_unit(p, blockIdx.x + k_next * gridDim.x));
         k = k_next;
         i = i_next;
       }
@@ -357,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         pin_all(acc);
         if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
         if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args);
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, false, false>(p, acc, u, mt, warp, g, t, args, nullptr);
         if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
       }
     }
@@ -372,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // With halves both consumers take every item, consumer c its tile 2 (item % 2) + c.
   // (32-bit: the launcher keeps a block's items far below 2^29.)
   const int64_t items = work_items(p);
+  uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_rows32)
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -405,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args);
+      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
     if (fix_edges) {
@@ -461,6 +482,13 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   p.w_bulk = !CAST && M != Mode::kStrict && p.sw[4] == 1 && p.sw[3] == 3 && p.sw[2] == 9 && p.sw[1] == 27 &&
              p.sw[0] == 27 * int64_t{p.Cout} && (27 * int64_t{p.Cout} * ew) % 16 == 0 &&
              reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  // The whole-tile output rows as aligned vectors (epilogue.cuh, store_out_rows and store_rows32): unit w stride,
+  // every other stride a multiple of 8 elements, out and the training form's selected values on 16 bytes, its
+  // offsets on 8.
+  p.out_rows16 = p.so[4] == 1 && p.so[0] % 8 == 0 && p.so[1] % 8 == 0 && p.so[2] % 8 == 0 && p.so[3] % 8 == 0 &&
+                 reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+                 (p.sel == nullptr || (reinterpret_cast<uintptr_t>(p.sel) % 16 == 0 &&
+                                       reinterpret_cast<uintptr_t>(p.off) % 8 == 0));
   p.tiles_d = p.PD;
   p.tiles_h = (p.PH + kTH - 1) / kTH;
   p.tiles_w = (p.PW + kTW - 1) / kTW;
