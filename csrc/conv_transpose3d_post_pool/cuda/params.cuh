@@ -76,7 +76,7 @@ struct Params {
   bool x_channels_last;  // only picks the staging loop order (addresses always use the strides)
   bool x_rows16;         // sm_90a kernel: x's w rows load as aligned 16-byte vectors (hopper/stage.cuh)
   bool w_bulk;           // sm_90a kernel: the block's weight rows arrive by bulk copies (hopper/stage.cuh)
-  bool out_rows16;       // sm_90a kernel: whole 16-bit output rows store as aligned vectors (hopper/epilogue.cuh)
+  bool out_rows;         // sm_90a kernel: whole output rows store as aligned vectors (hopper/epilogue.cuh)
   bool halves;           // sm_90a kernel: work handed out by half units (hopper/kernel.cuh), set by its launcher
   uint32_t ablate;       // sm_90a kernel: ConvHopperAblation bits (ablation.h), 0 but when measuring
   long long* trace;      // sm_90a kernel, measurement build: event clocks (hopper/trace.cuh), nullptr but when measuring

@@ -225,13 +225,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
 }
 
 // A whole 16-bit inference tile's outputs through the warp's rows in shared memory (L::kOutRowsBytes: [2 rows][32
-// channels][8 columns] of the output dtype), where p.out_rows16: each thread rounds its outputs in pairs (channels c,
+// channels][8 columns] of the output dtype), where p.out_rows: each thread rounds its outputs in pairs (channels c,
 // c + 1 of one row: the accumulator layout's columns) and two transposing stmatrix put them where each channel's 8
 // columns lie together, then lane l stores channel l's 8 columns of each of the warp's 2 rows as one 16-byte vector —
 // 2 global stores a thread where the scalar form takes 16, each with its 64-bit address. Measured (H200, KernelBench
-// size, one call; with 16 scalar shared stores then): bf16 36.1 -> 32.2 us, fp16 36.1 -> 32.6; the same for the
-// mixed form's float32 rows (4 vectors a thread, half sectors) made it slower, 35.4 -> 43.7 (autocast 41.5 -> 50.4),
-// so those keep the scalar stores.
+// size, one call, the rows written by 16 scalar shared stores): bf16 36.1 -> 32.2 us, fp16 36.1 -> 32.6; the same
+// for the mixed form's float32 rows (4 vectors a thread, half sectors) made it slower, 35.4 -> 43.7 (autocast
+// 41.5 -> 50.4), so those keep the scalar stores.
 template <Mode M>
 __device__ __forceinline__ void store_out_rows(const Params& p, const float (&best)[16], uint8_t* rows,
                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
@@ -278,38 +278,32 @@ __device__ __forceinline__ void get_rows32(const uint8_t* rows, int lane, uint4 
   }
 }
 
-// A whole TF32 tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where p.out_rows16: its
-// outputs, then (training) its selected values through the same 2 KB, and its offsets as byte pairs by a transposing
+// A whole TF32 training tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where p.out_rows:
+// its outputs, then its selected values through the same 2 KB, and its offsets as byte pairs by a transposing
 // stmatrix; 4 vector stores a lane and tensor (whole sectors) where the scalar form takes 16 a thread, each with its
-// 64-bit address. Used by the training form only: TF32 inference measured 45.0 -> 46.8 us through the rows (H100).
-template <bool TRAIN>
+// 64-bit address. Not the inference form: its outputs alone through the rows measured 45.0 -> 46.8 us (H100).
 __device__ __forceinline__ void store_rows32(const Params& p, const float (&best)[16], const float (&sel)[16],
                                              const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u, int mt,
                                              int warp, int g, int t, const EpilogueArgs& a) {
   constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;
-  static_assert(Layout<Mode::kTF32, 1>::kOutRowsBytes >= kValueBytes + (TRAIN ? kCoBlock * 16 : 0), "the warp's rows");
+  static_assert(Layout<Mode::kTF32, 1>::kOutRowsBytes >= kValueBytes + kCoBlock * 16, "the warp's rows");
   const int lane = threadIdx.x & 31;
   uint4 qo[4], qs[4];
-  uint4 qf = make_uint4(0u, 0u, 0u, 0u);
   __syncwarp();  // the warp's reads of the previous tile's rows are done
   put_rows32(rows, best, g, t);
-  if constexpr (TRAIN) {
-    // Chunk j's offsets as byte pairs: element e (channel 8 j + 2 t + e) holds row 0's in its low byte and row 1's
-    // in its high byte (output r = 4 j + 2 row + e), so the transposed matrix holds each channel's 8 columns x 2 rows.
-    uint32_t ob[4];
+  // Chunk j's offsets as byte pairs: element e (channel 8 j + 2 t + e) holds row 0's in its low byte and row 1's in
+  // its high byte (output r = 4 j + 2 row + e), so the transposed matrix holds each channel's 8 columns x 2 rows.
+  uint32_t ob[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
-    stmatrix_x4_trans(smem_addr(rows + kValueBytes) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
-  }
+  for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
+  stmatrix_x4_trans(smem_addr(rows + kValueBytes) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
   __syncwarp();
   get_rows32(rows, lane, qo);
-  if constexpr (TRAIN) {
-    qf = reinterpret_cast<const uint4*>(rows + kValueBytes)[lane];
-    __syncwarp();
-    put_rows32(rows, sel, g, t);
-    __syncwarp();
-    get_rows32(rows, lane, qs);
-  }
+  const uint4 qf = reinterpret_cast<const uint4*>(rows + kValueBytes)[lane];
+  __syncwarp();
+  put_rows32(rows, sel, g, t);
+  __syncwarp();
+  get_rows32(rows, lane, qs);
   const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
                       (u.qw0 + 8 * mt + 4 * (lane & 1));
 #pragma unroll
@@ -317,17 +311,15 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
     const int64_t e = col + static_cast<int64_t>(a.co0 + 16 * (i & 1) + (lane >> 1)) * p.so[1] +
                       static_cast<int64_t>(u.qh0 + 2 * warp + (i >> 1)) * p.so[3];
     *reinterpret_cast<uint4*>(static_cast<float*>(p.out) + e) = qo[i];
-    if constexpr (TRAIN) *reinterpret_cast<uint4*>(static_cast<float*>(p.sel) + e) = qs[i];
+    *reinterpret_cast<uint4*>(static_cast<float*>(p.sel) + e) = qs[i];
   }
-  if constexpr (TRAIN) {
-    const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
-                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+  const int64_t col_off = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                          static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
-      *reinterpret_cast<uint2*>(p.off + e + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
-          make_uint2(__byte_perm(qf.x, qf.y, s), __byte_perm(qf.z, qf.w, s));
-    }
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    *reinterpret_cast<uint2*>(p.off + col_off + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
+        make_uint2(__byte_perm(qf.x, qf.y, s), __byte_perm(qf.z, qf.w, s));
   }
 }
 
@@ -342,13 +334,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   uint32_t off[16];
   select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
   if constexpr (!TRAIN && ModeTraits<M>::kHalf && !MIXED) {
-    if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
+    if (p.out_rows && tile_is_whole(p, u, mt, a)) {
       store_out_rows<M>(p, best, rows, u, mt, warp, a);
       return;
     }
   } else if constexpr (M == Mode::kTF32 && TRAIN) {
-    if (p.out_rows16 && tile_is_whole(p, u, mt, a)) {
-      store_rows32<TRAIN>(p, best, sel, off, rows, u, mt, warp, g, t, a);
+    if (p.out_rows && tile_is_whole(p, u, mt, a)) {
+      store_rows32(p, best, sel, off, rows, u, mt, warp, g, t, a);
       return;
     }
   } else {
@@ -481,7 +473,7 @@ __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8
 // A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores element by
 // element. Through the warp's rows in shared memory they measured slower: by 48 scalar shared stores, bf16 training
 // 79.8 -> 82.6 us, fp16 77.4 -> 82.5 (H200); by transposing stmatrix (5 a thread, 6 vector global stores), bf16
-// 104.2 -> 107.5, fp16 102.5 -> 109.1 (H100, against main's scalar stores).
+// 104.2 -> 107.5, fp16 102.5 -> 109.1 (H100, against the scalar stores).
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
                                             int warp, int g, int t, const EpilogueArgs& a) {

@@ -485,7 +485,7 @@ void launch_hopper_form(const Params& p0, bool train, cudaStream_t stream) {
   // The whole-tile output rows as aligned vectors (epilogue.cuh, store_out_rows and store_rows32): unit w stride,
   // every other stride a multiple of 8 elements, out and the training form's selected values on 16 bytes, its
   // offsets on 8.
-  p.out_rows16 = p.so[4] == 1 && p.so[0] % 8 == 0 && p.so[1] % 8 == 0 && p.so[2] % 8 == 0 && p.so[3] % 8 == 0 &&
+  p.out_rows = p.so[4] == 1 && p.so[0] % 8 == 0 && p.so[1] % 8 == 0 && p.so[2] % 8 == 0 && p.so[3] % 8 == 0 &&
                  reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
                  (p.sel == nullptr || (reinterpret_cast<uintptr_t>(p.sel) % 16 == 0 &&
                                        reinterpret_cast<uintptr_t>(p.off) % 8 == 0));
