@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  // (Plain division here, not warpgroup_index's shuffle: with the shuffle TF32 inference's SASS moved (2576 lines
-  // differ) and it measured 44.4 -> 45.0 us.)
+  // (A plain division: read through a lane-0 shuffle, which let ptxas see it warp-uniform, TF32 inference's SASS
+  // differed throughout; docs/performance.md has what each measured.)
   const int wg = tid / 128;
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
