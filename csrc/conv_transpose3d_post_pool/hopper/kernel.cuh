@@ -50,7 +50,10 @@ static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers e
 // registers instead of 88) and the mixed form (89.5 -> 91.9), and, with the producer's registers moved there too, for
 // every inference form (TF32 44.8 -> 47.5).
 template <Mode M, bool TRAIN, bool MIXED>
-constexpr bool kPipelined = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+constexpr bool kPipelinePairs = false;
+template <Mode M, bool TRAIN, bool MIXED>
+constexpr bool kPipelined = kPairs<M, TRAIN, MIXED> && kPipelinePairs;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
 // whose consumers hold two 16-register parts and two split A fragments beside the 128 accumulators (strict.cuh),
 // with the training forms' kProducerRegs / kConsumerRegs.
@@ -234,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // monotone selection (unit slopes; not the mixed form, whose selection is always exact; in the 16-bit forms only
   // with multipliers and slopes in select_pair's range).
   bool negate = TRAIN ? !MIXED && monotone && p.unit_slopes : !exact;
-  if constexpr (kPipelined<M, TRAIN, MIXED>) {
+  if constexpr (kPairs<M, TRAIN, MIXED>) {
     negate = __syncthreads_or(outside_pairs) == 0 && negate && pair_scale_ok(p.s1) && pair_scale_ok(p.s2);
   }
 
@@ -428,7 +431,16 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
+      if constexpr (kPairs<M, TRAIN, MIXED>) {
+        // The 16-bit training forms: the phases rounded into pairs, then the pairs' selection and stores.
+        if (!ablated(p, kAblateEpilogue)) {
+          PhasePairs<M> phases;
+          pair_phases<M>(acc, t, args, phases);
+          store_pairs<M>(p, phases, u, mt, warp, g, t, args);
+        }
+      } else {
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
+      }
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
     if (fix_edges) {
