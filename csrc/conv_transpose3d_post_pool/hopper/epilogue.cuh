@@ -355,13 +355,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   });
 }
 
-// The 16-bit training forms' phases as their selection compares them (the pipelined consumer loop, kernel.cuh): per
+// The 16-bit training forms' phases as their selection compares them (kernel.cuh, kPairs): per
 // pair of the thread's outputs (r = 2 pr and 2 pr + 1: channels c and c + 1 of one row) and phase, the two values
 // y = acc * sign + sel_bias rounded to the I/O dtype, sign-flipped (-y) where the weights were staged negated, in one
 // register: rounding y itself and flipping its sign bit keeps a zero's and a NaN's sign as the reference's y has them
 // (rounding -y directly gave +0 where y is +0, so the selected value read -0).
 // They hold everything the selection and its exact fallback need (y is rounded before the epilogue), so the
-// accumulators are free once these 64 registers are made: the next tile's products go out before the selection.
+// accumulators are free once these 64 registers are made.
 // The sign bits of a pair's halves whose weights were staged negated (acc_sign -1): y's sign flipped there.
 __device__ __forceinline__ uint32_t pair_flip(const EpilogueArgs& a, float m0, float m1) {
   return a.negated ? (m0 < 0.f ? 0x8000u : 0u) | (m1 < 0.f ? 0x80000000u : 0u) : 0u;
