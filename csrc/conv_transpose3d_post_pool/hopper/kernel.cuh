@@ -44,9 +44,9 @@ constexpr int kConsumerRegs = 208;
 static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers exceed the launch's");
 
 // The 16-bit training forms (not mixed) select by pairs: each tile's phases rounded into PhasePairs, then
-// store_pairs (epilogue.cuh), in the consumer loop with turns as every other form but strict float32. (They once
-// pipelined their tiles instead: the next tile's products issued before the previous tile's selection and stores,
-// no turns, registers 56 / 224; docs/performance.md has what each loop measured.)
+// store_pairs (epilogue.cuh), in the consumer loop with turns as every other form but strict float32.
+// docs/performance.md measures this against a loop that pipelined their tiles (the next tile's products issued
+// before the previous tile's selection and stores, no turns, registers 56 / 224).
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
