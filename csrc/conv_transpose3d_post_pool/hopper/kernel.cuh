@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
         if (!ablated(p, kAblateEpilogue)) {
           PhasePairs<M> phases;
           pair_phases<M>(acc, t, args, phases);
-          store_pairs<M>(p, phases, u, mt, warp, g, t, args);
+          store_pairs<M>(p, phases, u, mt, warp, g, t, args, rows);
         }
       } else {
         if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
