@@ -513,15 +513,14 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
 }
 
 // A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: a whole tile
-// through the warp's rows (store_pair_rows) where the caller has rows, others element by element.
+// through the warp's rows (store_pair_rows), others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
-                                            int warp, int g, int t, const EpilogueArgs& a,
-                                            uint8_t* rows = nullptr) {
+                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
-  if (rows != nullptr && p.out_rows && tile_is_whole(p, u, mt, a)) {
+  if (p.out_rows && tile_is_whole(p, u, mt, a)) {
     store_pair_rows<M>(p, best, sel, off, rows, u, mt, warp, a);
     return;
   }
