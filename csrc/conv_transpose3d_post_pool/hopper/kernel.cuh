@@ -49,6 +49,10 @@ static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers e
 // before the previous tile's selection and stores, no turns, registers 56 / 224).
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+// Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
+// measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0).
+template <Mode M, bool TRAIN>
+constexpr bool kUniformRoles = ModeTraits<M>::kHalf;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
 // whose consumers hold two 16-register parts and two split A fragments beside the 128 accumulators (strict.cuh),
 // with the training forms' kProducerRegs / kConsumerRegs.
@@ -190,9 +194,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  // (A plain division: read through a lane-0 shuffle, which let ptxas see it warp-uniform, TF32 inference's SASS
-  // differed throughout; docs/performance.md has what each measured.)
-  const int wg = tid / 128;
+  // The role split: read through the shuffle in the 16-bit forms, a plain division in the float32 ones
+  // (kUniformRoles; docs/performance.md has what each measured).
+  const int wg = kUniformRoles<M, TRAIN> ? warpgroup_index_uniform() : tid / 128;
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
       release_registers<kProducerRegs>();

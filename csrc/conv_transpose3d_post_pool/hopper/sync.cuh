@@ -57,6 +57,12 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 __device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 
+// This thread's warpgroup (0: the producer), read through a shuffle from lane 0 so that ptxas sees it warp-uniform:
+// what derives from it (a stage's address, a tile's descriptors) can then live in uniform registers.
+__device__ __forceinline__ int warpgroup_index_uniform() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
 // Pins a register the wgmma write: the compiler may not move a read of it across this point (after the wait) or a
 // write of it past it (before the fence).
 __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
