@@ -52,7 +52,7 @@ constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 // Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
 // measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0).
 template <Mode M, bool TRAIN>
-constexpr bool kUniformRoles = ModeTraits<M>::kHalf;
+constexpr bool kUniformRoles = ModeTraits<M>::kHalf && !TRAIN;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
 // whose consumers hold two 16-register parts and two split A fragments beside the 128 accumulators (strict.cuh),
 // with the training forms' kProducerRegs / kConsumerRegs.
