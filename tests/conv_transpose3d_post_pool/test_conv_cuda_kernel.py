@@ -366,8 +366,8 @@ def test_wgmma_equals_mma_sync(forward_kernel, prec, train, cin, cout, shape, op
     """The two kernels sum each phase's taps in the same order (shift by shift, k-steps within; strict float32: the
     same three products per k-step into a fresh accumulator, then IEEE adds), so on random data they agree bit for
     bit: outputs, selected values and offsets, with NaN where both have NaN. The last shape's pooled planes are whole
-    units (16 x 32) and its channel blocks full, so the TF32 training and 16-bit inference forms (not the mixed ones)
-    store whole tiles through shared memory's rows."""
+    units (16 x 32) and its channel blocks full, so the TF32 training and 16-bit forms (not the mixed ones) store
+    whole tiles through shared memory's rows."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
     if prec == "strict" and train:

@@ -355,13 +355,13 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   });
 }
 
-// The 16-bit training forms' phases as their selection compares them (the pipelined consumer loop, kernel.cuh): per
+// The 16-bit training forms' phases as their selection compares them (kernel.cuh, kPairs): per
 // pair of the thread's outputs (r = 2 pr and 2 pr + 1: channels c and c + 1 of one row) and phase, the two values
 // y = acc * sign + sel_bias rounded to the I/O dtype, sign-flipped (-y) where the weights were staged negated, in one
 // register: rounding y itself and flipping its sign bit keeps a zero's and a NaN's sign as the reference's y has them
 // (rounding -y directly gave +0 where y is +0, so the selected value read -0).
 // They hold everything the selection and its exact fallback need (y is rounded before the epilogue), so the
-// accumulators are free once these 64 registers are made: the next tile's products go out before the selection.
+// accumulators are free once these 64 registers are made.
 // The sign bits of a pair's halves whose weights were staged negated (acc_sign -1): y's sign flipped there.
 __device__ __forceinline__ uint32_t pair_flip(const EpilogueArgs& a, float m0, float m1) {
   return a.negated ? (m0 < 0.f ? 0x8000u : 0u) | (m1 < 0.f ? 0x80000000u : 0u) : 0u;
@@ -470,16 +470,60 @@ __device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores element by
-// element. Through the warp's rows in shared memory they measured slower: by 48 scalar shared stores, bf16 training
-// 79.8 -> 82.6 us, fp16 77.4 -> 82.5 (H200); by transposing stmatrix (5 a thread, 6 vector global stores), bf16
-// 104.2 -> 107.5, fp16 102.5 -> 109.1 (H100, against the scalar stores).
+// A whole 16-bit training tile's stores through the warp's rows in shared memory (L::kOutRowsBytes), where
+// p.out_rows: the pairs' columns are channels and their rows positions, so one transposing stmatrix puts 4 of a
+// thread's pairs where each channel's 8 columns lie together — [2 rows][32 channels][8 columns] of outputs, the same
+// of selected values, and [32 channels][8 columns][2 rows] of offsets (bytes, each 16-bit element holding both
+// rows'); then lane l stores channel l's columns of each row as one vector per tensor. 5 stmatrix, 5 shared loads
+// and 6 global stores a thread where the scalar form takes 48 global stores, each with its 64-bit address and a
+// shift or mask.
+template <Mode M>
+__device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                                const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
+                                                int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
+  const int lane = threadIdx.x & 31;
+  const uint32_t base = smem_addr(rows) + 16 * lane;
+  // Offsets: chunk j's pairs (rows g and g + 8: pairs 2 j and 2 j + 1) in one register, element e (channel
+  // 8 j + 2 t + e) holding row g's offset in its low byte and row g + 8's in its high byte.
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(base + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(base + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+  stmatrix_x4_trans(base + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
+  __syncwarp();
+  const uint4* const r = reinterpret_cast<const uint4*>(rows) + lane;
+  const uint4 o = r[4 * kCoBlock];
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t e = col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + e) = r[h * kCoBlock];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + e) = r[(2 + h) * kCoBlock];
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: a whole tile
+// through the warp's rows (store_pair_rows), others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
-                                            int warp, int g, int t, const EpilogueArgs& a) {
+                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  if (p.out_rows && tile_is_whole(p, u, mt, a)) {
+    store_pair_rows<M>(p, best, sel, off, rows, u, mt, warp, a);
+    return;
+  }
   store_outputs(p, u, mt, warp, g, t, a, [&](int64_t at, int r) {
     const int sh = 16 * (r & 1);
     static_cast<uint16_t*>(p.out)[at] = static_cast<uint16_t>(best[r >> 1] >> sh);

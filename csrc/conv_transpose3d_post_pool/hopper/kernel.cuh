@@ -43,25 +43,21 @@ constexpr int kProducerRegs = 88;
 constexpr int kConsumerRegs = 208;
 static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers exceed the launch's");
 
-// The 16-bit training forms (not mixed) pipeline each consumer's tiles (the consumer loop below): their epilogue
-// costs ~3x their products (3.2 against 1.2 us a tile, the kernel's own clock), and pipelined they measured 2-4 us
-// faster (bf16 85.8 -> 81.6, fp16 86.0 -> 84.2 at the KernelBench size, one device call). The same loop measured
-// slower for TF32 training (78.2 -> 84.5; not understood: its producer stages twice the 16-bit bytes, with 72
-// registers instead of 88) and the mixed form (89.5 -> 91.9), and, with the producer's registers moved there too, for
-// every inference form (TF32 44.8 -> 47.5).
+// The 16-bit training forms (not mixed) select by pairs: each tile's phases rounded into PhasePairs, then
+// store_pairs (epilogue.cuh), in the consumer loop with turns as every other form but strict float32.
+// docs/performance.md measures this against a loop that pipelined their tiles (the next tile's products issued
+// before the previous tile's selection and stores, no turns, registers 56 / 224).
 template <Mode M, bool TRAIN, bool MIXED>
-constexpr bool kPipelined = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+// Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
+// measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0).
+template <Mode M, bool TRAIN>
+constexpr bool kUniformRoles = ModeTraits<M>::kHalf && !TRAIN;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
 // whose consumers hold two 16-register parts and two split A fragments beside the 128 accumulators (strict.cuh),
 // with the training forms' kProducerRegs / kConsumerRegs.
 template <Mode M, bool TRAIN>
 constexpr bool kMovesRegisters = TRAIN || M == Mode::kStrict;
-
-// Their registers: the consumer holds the next tile's 128 accumulators in flight while it selects and stores the
-// previous tile from its PhasePairs (64); 128 x 56 + 256 x 224 fill the launch's 384 x 168.
-constexpr int kPipelinedProducerRegs = 56;
-constexpr int kPipelinedConsumerRegs = 224;
-static_assert(fits_launch(kPipelinedProducerRegs, kPipelinedConsumerRegs), "the roles' registers exceed the launch's");
 
 // Whether a measurement build leaves `part` out (ablation.h); false, at compile time, in every other build.
 __device__ __forceinline__ bool ablated(const Params& p, uint32_t part) {
@@ -142,47 +138,6 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
   }
 }
 
-// The pipelined consumer loop's steps (kernel below). Issues the products of tile i of consumer item k (waiting
-// for the item's stage first when i = 0) into acc, and returns without waiting for them.
-template <Mode M, int KS>
-__device__ __forceinline__ void issue_tile(const Params& p, float (&acc)[8][16], uint64_t* full, uint8_t* stages,
-                                           uint32_t b_addr, int64_t k, int i) {
-  using L = Layout<M, KS>;
-  const int c = consumer_index();
-  const int64_t item = blockIdx.x + k * gridDim.x;
-  const int stage = static_cast<int>(k % L::kStages);
-  if (i == 0) {
-    const int64_t tk = traced_item(p, k, c);
-    if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 0));
-    mbar_wait(&full[stage], static_cast<uint32_t>(k / L::kStages) & 1u);
-    if (threadIdx.x % 128 == 0) trace_mark(p, consumer_slot(tk, 1));
-  }
-  const int mt = (p.halves ? static_cast<int>(item & 1) * 2 + c : 0) + i;
-  pin_all(acc);
-  if (!ablated(p, kAblateMma)) {
-    wgmma_fence();
-    tile_products<M, KS>(acc, smem_addr(stages + stage * L::kStageBytes), b_addr, mt);
-    wgmma_commit();
-  }
-}
-
-// The selection and stores of consumer item k's tile i (u: the item's unit's origin), and after the item's last
-// tile the border fix where the block saw a non-finite weight.
-template <Mode M, bool MIXED>
-__device__ __forceinline__ void finish_tile(const Params& p, const PhasePairs<M>& phases, const TileOrigin& u,
-                                            int64_t k, int i, bool item_done, int item_tiles, bool fix_edges,
-                                            int ctid, const EpilogueArgs& args) {
-  const int c = consumer_index(), warp = ctid >> 5, g = (ctid & 31) >> 2, t = ctid & 3;
-  const int64_t item = blockIdx.x + k * gridDim.x;
-  const int mt0 = p.halves ? static_cast<int>(item & 1) * 2 + c : 0;
-  if (!ablated(p, kAblateEpilogue)) store_pairs<M>(p, phases, u, mt0 + i, warp, g, t, args);
-  if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 3 + 2 * i));
-  if (item_done && fix_edges) {
-    warpgroup_sync(c);  // orders the warpgroup's stores above before the overwrites
-    fix_unit_edges<M, true, MIXED, false>(p, u, args.co0, ctid, 8 * mt0, 8 * item_tiles);
-  }
-}
-
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
@@ -234,15 +189,17 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // monotone selection (unit slopes; not the mixed form, whose selection is always exact; in the 16-bit forms only
   // with multipliers and slopes in select_pair's range).
   bool negate = TRAIN ? !MIXED && monotone && p.unit_slopes : !exact;
-  if constexpr (kPipelined<M, TRAIN, MIXED>) {
+  if constexpr (kPairs<M, TRAIN, MIXED>) {
     negate = __syncthreads_or(outside_pairs) == 0 && negate && pair_scale_ok(p.s1) && pair_scale_ok(p.s2);
   }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  const int wg = warpgroup_index();
+  // The role split: read through the shuffle in the 16-bit forms, a plain division in the float32 ones
+  // (kUniformRoles; docs/performance.md has what each measured).
+  const int wg = kUniformRoles<M, TRAIN> ? warpgroup_index_uniform() : tid / 128;
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
-      release_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedProducerRegs : kProducerRegs>();
+      release_registers<kProducerRegs>();
     }
     const int64_t items = work_items(p);
     for (int64_t k = 0;; ++k) {
@@ -290,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   if (p.w_bulk) mbar_arrive(raw_free);
   const bool fix_edges = consumers_sync_or(w_nonfinite);
   if constexpr (kMovesRegisters<M, TRAIN>) {
-    claim_registers<kPipelined<M, TRAIN, MIXED> ? kPipelinedConsumerRegs : kConsumerRegs>();
+    claim_registers<kConsumerRegs>();
   }
   const int c = wg - 1, ctid = tid - 128 * wg;
   if (tid == 128) trace_mark(p, kTraceWeights);
@@ -302,47 +259,6 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   for (int ph = 0; ph < 8; ++ph)
 #pragma unroll
     for (int r = 0; r < 16; ++r) acc[ph][r] = 0.f;
-
-  if constexpr (kPipelined<M, TRAIN, MIXED>) {
-    // Each consumer pipelines its tiles: once a tile's products are in, its phases are rounded into PhasePairs (64
-    // registers), the next tile's wgmma go out into the accumulators, and the tile's selection and stores run under
-    // those; no turns (each consumer's products overlap its own epilogue). The loop issues unconditionally after its
-    // exit test: ptxas serialises every wgmma of a kernel whose in-flight products meet a path that did not issue
-    // them.
-    const int64_t items = work_items(p);
-    const int item_tiles = p.halves ? 1 : kMTiles;
-    const int k_step = p.halves ? 1 : kConsumers;
-    int64_t k = p.halves ? 0 : c;
-    int i = 0;  // the tile of item k whose products are in flight
-    if (blockIdx.x + k * gridDim.x < items) {
-      // The origin of item k's unit, decoded once per item (three integer divisions).
-      TileOrigin u = unit_origin(p, item_unit(p, blockIdx.x + k * gridDim.x));
-      issue_tile<M, KS>(p, acc, full, sStages, b_addr, k, i);
-      for (;;) {
-        if (!ablated(p, kAblateMma)) wgmma_wait_all();
-        pin_all(acc);
-        if (ctid == 0) trace_mark(p, consumer_slot(traced_item(p, k, c), 2 + 2 * i));
-        const bool item_done = i == item_tiles - 1;
-        if (item_done) mbar_arrive(&empty[static_cast<int>(k % L::kStages)]);
-        PhasePairs<M> phases;
-        if (!ablated(p, kAblateEpilogue)) pair_phases<M>(acc, t, args, phases);
-        pin_all(acc);
-        const int64_t k_next = item_done ? k + k_step : k;
-        const int i_next = item_done ? 0 : i + 1;
-        if (item_done && blockIdx.x + k_next * gridDim.x >= items) {
-          finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
-          break;
-        }
-        issue_tile<M, KS>(p, acc, full, sStages, b_addr, k_next, i_next);
-        finish_tile<M, MIXED>(p, phases, u, k, i, item_done, item_tiles, fix_edges, ctid, args);
-        if (item_done) u = unit_origin(p, item_unit(p, blockIdx.x + k_next * gridDim.x));
-        k = k_next;
-        i = i_next;
-      }
-    }
-    if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
-    return;
-  }
 
   if constexpr (M == Mode::kStrict) {
     // Strict float32 (inference only): each consumer takes its items' tiles in turn, no turns at the tensor cores
@@ -426,7 +342,16 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-      if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
+      if constexpr (kPairs<M, TRAIN, MIXED>) {
+        // The 16-bit training forms: the phases rounded into pairs, then the pairs' selection and stores.
+        if (!ablated(p, kAblateEpilogue)) {
+          PhasePairs<M> phases;
+          pair_phases<M>(acc, t, args, phases);
+          store_pairs<M>(p, phases, u, mt, warp, g, t, args, rows);
+        }
+      } else {
+        if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
+      }
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
     if (fix_edges) {

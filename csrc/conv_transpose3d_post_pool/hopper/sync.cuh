@@ -57,14 +57,11 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 __device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 
-// This thread's warpgroup (0: the producer) and consumer (0 or 1), read through a shuffle from lane 0 so that ptxas
-// sees them warp-uniform: everything derived from them (a stage's address, a tile's descriptors) can then live in
-// uniform registers, where otherwise each wgmma's descriptor was moved there one register at a time (R2UR: ~60
-// instructions a tile between the products' wait and the next tile's wgmma in the 16-bit training loop).
-__device__ __forceinline__ int warpgroup_index() {
+// This thread's warpgroup (0: the producer), read through a shuffle from lane 0 so that ptxas sees it warp-uniform:
+// what derives from it (a stage's address, a tile's descriptors) can then live in uniform registers.
+__device__ __forceinline__ int warpgroup_index_uniform() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
-__device__ __forceinline__ int consumer_index() { return warpgroup_index() - 1; }
 
 // Pins a register the wgmma write: the compiler may not move a read of it across this point (after the wait) or a
 // write of it past it (before the fence).
