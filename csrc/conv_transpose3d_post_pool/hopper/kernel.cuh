@@ -50,7 +50,8 @@ static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers e
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 // Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
-// measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0).
+// measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0); on the H100 the
+// 16-bit training forms ~2 us slower (bf16 100.4 -> 102.7), the mixed training form ~1 us.
 template <Mode M, bool TRAIN>
 constexpr bool kUniformRoles = ModeTraits<M>::kHalf && !TRAIN;
 // Whether the roles move registers (release_registers / claim_registers): the training forms, and strict float32,
