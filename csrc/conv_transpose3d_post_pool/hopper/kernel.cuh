@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   }
 
   // The producer starts staging at once; the consumers stage the weights meanwhile, then meet (named barrier 3).
-  // The role split: read through the shuffle in the 16-bit forms, a plain division in the float32 ones
-  // (kUniformRoles; docs/performance.md has what each measured).
+  // The role split: read through the shuffle in the 16-bit inference forms, a plain division in the others
+  // (kUniformRoles).
   const int wg = kUniformRoles<M, TRAIN> ? warpgroup_index_uniform() : tid / 128;
   if (wg == 0) {
     if constexpr (kMovesRegisters<M, TRAIN>) {
@@ -343,15 +343,15 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       pin_all(acc);
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 2 + 2 * i));
       if (i == item_tiles - 1) mbar_arrive(&empty[stage]);
-      if constexpr (kPairs<M, TRAIN, MIXED>) {
-        // The 16-bit training forms: the phases rounded into pairs, then the pairs' selection and stores.
-        if (!ablated(p, kAblateEpilogue)) {
+      if (!ablated(p, kAblateEpilogue)) {
+        if constexpr (kPairs<M, TRAIN, MIXED>) {
+          // The 16-bit training forms: the phases rounded into pairs, then the pairs' selection and stores.
           PhasePairs<M> phases;
           pair_phases<M>(acc, t, args, phases);
           store_pairs<M>(p, phases, u, mt, warp, g, t, args, rows);
+        } else {
+          store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
         }
-      } else {
-        if (!ablated(p, kAblateEpilogue)) store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
       }
       if (ctid == 0) trace_mark(p, consumer_slot(tk, 3 + 2 * i));
     }
