@@ -512,14 +512,79 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: a whole tile
-// through the warp's rows (store_pair_rows), others element by element.
+// Where channel ch's half q (q: the even or the odd tile of a pair) lies in the paired rows (store_pair_rows2): the
+// halves swap every 4 channels, so that the 8 rows of a transposing stmatrix (8 channels, 32 bytes apart) and a
+// lane's reads of the offsets (one channel a lane) meet 32 distinct banks.
+__device__ __forceinline__ int pair_half(int ch, int q) { return q ^ ((ch >> 2) & 1); }
+
+// Two whole 16-bit training tiles (an item's tiles 2 k and 2 k + 1: columns 16 k .. 16 k + 15 of the warp's two rows)
+// stored together through the warp's rows, so that each channel row's 16 columns go out as one whole 32-byte sector
+// (lanes 2 m and 2 m + 1 a sector's halves) where store_pair_rows stores half sectors, one lane a channel: the even
+// tile's stmatrix put its halves in place and return; the odd tile's put theirs, then every lane stores 4 vectors a
+// tensor of outputs and selected values and 4 of offsets. Rows: [2 rows][32 channels][2 halves][16 bytes] of outputs,
+// the same of selected values, [32 channels][2 halves][16 bytes] of offset byte pairs (store_pair_rows' layout per
+// half).
+template <Mode M>
+__device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                                 const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
+                                                 int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's paired rows");
+  const int lane = threadIdx.x & 31, q = mt & 1;
+  const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  __syncwarp();  // the warp's reads of the previous pair's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(at + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(at + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+  stmatrix_x4_trans(at + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
+  if (q == 0) return;
+  __syncwarp();
+  const int64_t base = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                       (u.qw0 + 8 * (mt - 1));
+  const uint4* const r = reinterpret_cast<const uint4*>(rows);
+  const int lq = lane & 1;  // the lane's half of each sector
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int ch = 16 * (i & 1) + (lane >> 1), h = i >> 1;
+    const int slot = 2 * (32 * h + ch) + pair_half(ch, lq);
+    const int64_t e = base + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3] + 8 * lq;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + e) = r[slot];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + e) = r[2 * kRowBytes / 16 + slot];
+  }
+  const uint4* const ro = r + 4 * kRowBytes / 16 + 2 * lane;
+  const uint4 o0 = ro[pair_half(lane, 0)], o1 = ro[pair_half(lane, 1)];
+  const int64_t col_off = base + static_cast<int64_t>(a.co0 + lane) * p.so[1];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    const int64_t e = col_off + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o0.x, o0.y, s), __byte_perm(o0.z, o0.w, s));
+    *reinterpret_cast<uint2*>(p.off + e + 8) = make_uint2(__byte_perm(o1.x, o1.y, s), __byte_perm(o1.z, o1.w, s));
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: two whole
+// tiles together through the warp's rows (store_pair_rows2), a whole tile alone through them (store_pair_rows),
+// others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
                                             int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  // Paired where this consumer takes the item's 4 tiles in order (not halves) and both tiles of the pair are whole
+  // (tile_is_whole is monotone in mt: the odd one's decides).
+  static_assert(kMTiles % 2 == 0, "an item's tiles pair up");
+  if (p.out_rows && !p.halves && tile_is_whole(p, u, mt | 1, a)) {
+    store_pair_rows2<M>(p, best, sel, off, rows, u, mt, warp, a);
+    return;
+  }
   if (p.out_rows && tile_is_whole(p, u, mt, a)) {
     store_pair_rows<M>(p, best, sel, off, rows, u, mt, warp, a);
     return;
