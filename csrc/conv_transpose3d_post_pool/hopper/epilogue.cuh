@@ -255,6 +255,50 @@ __device__ __forceinline__ void store_out_rows(const Params& p, const float (&be
   }
 }
 
+// Where channel ch's half q (q: the even or the odd tile of a pair) lies in the paired rows (store_pair_rows2): the
+// halves swap every 4 channels, so that the 8 rows of a transposing stmatrix (8 channels, 32 bytes apart) and a
+// lane's reads of the offsets (one channel a lane) meet 32 distinct banks.
+__device__ __forceinline__ int pair_half(int ch, int q) { return q ^ ((ch >> 2) & 1); }
+
+// One tensor's paired rows ([2 rows][32 channels][2 halves][16 bytes] at r) out to dst: lane l stores half l % 2 of
+// channel rows 16 i + l / 2 (i = 0..3), so lanes 2 m and 2 m + 1 write one whole 32-byte sector and a quarter warp
+// reads 128 contiguous bytes. base: the pair's first column's element offset in the warp's (n, d) plane.
+__device__ __forceinline__ void store_paired16(const Params& p, uint16_t* dst, const uint4* r, int64_t base,
+                                               const TileOrigin& u, int warp, const EpilogueArgs& a) {
+  const int lane = threadIdx.x & 31, lq = lane & 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int ch = 16 * (i & 1) + (lane >> 1), h = i >> 1;
+    const int64_t e = base + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3] + 8 * lq;
+    *reinterpret_cast<uint4*>(dst + e) = r[2 * (32 * h + ch) + pair_half(ch, lq)];
+  }
+}
+
+// Two whole 16-bit inference tiles (an item's tiles 2 k and 2 k + 1) stored together through the warp's rows, as
+// store_pair_rows2 stores the training forms': each channel row's 16 columns go out as one whole 32-byte sector where
+// store_out_rows stores half sectors. The even tile's stmatrix put its halves in place and return; the odd tile's put
+// theirs, then every lane stores 4 vectors.
+template <Mode M>
+__device__ __forceinline__ void store_out_rows2(const Params& p, const float (&best)[16], uint8_t* rows,
+                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 2 * kRowBytes, "the warp's paired rows");
+  uint32_t pk[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
+  const int lane = threadIdx.x & 31, q = mt & 1;
+  const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
+  __syncwarp();  // the warp's reads of the previous pair's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) stmatrix_x4_trans(at + h * kRowBytes, pk[h], pk[2 + h], pk[4 + h], pk[6 + h]);
+  if (q == 0) return;
+  __syncwarp();
+  const int64_t base = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                       (u.qw0 + 8 * (mt - 1));
+  store_paired16(p, static_cast<uint16_t*>(p.out), reinterpret_cast<const uint4*>(rows), base, u, warp, a);
+}
+
 // The TF32 forms' float32 rows (store_rows32): the thread's 16 values into [2 rows][32 channels][8 columns], 32
 // bytes a channel's row, logical row R (= 32 x row + channel) at row R ^ ((R >> 2) & 1): with that swap the warp's 32
 // stores of one register meet 32 distinct banks (rows 2 t + e of the four t fall in four different groups of 8 banks).
@@ -334,6 +378,11 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   uint32_t off[16];
   select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
   if constexpr (!TRAIN && ModeTraits<M>::kHalf && !MIXED) {
+    static_assert(kMTiles % 2 == 0, "an item's tiles pair up");
+    if (p.out_rows && !p.halves && tile_is_whole(p, u, mt | 1, a)) {  // as store_pairs pairs them
+      store_out_rows2<M>(p, best, rows, u, mt, warp, a);
+      return;
+    }
     if (p.out_rows && tile_is_whole(p, u, mt, a)) {
       store_out_rows<M>(p, best, rows, u, mt, warp, a);
       return;
@@ -512,11 +561,6 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
   }
 }
 
-// Where channel ch's half q (q: the even or the odd tile of a pair) lies in the paired rows (store_pair_rows2): the
-// halves swap every 4 channels, so that the 8 rows of a transposing stmatrix (8 channels, 32 bytes apart) and a
-// lane's reads of the offsets (one channel a lane) meet 32 distinct banks.
-__device__ __forceinline__ int pair_half(int ch, int q) { return q ^ ((ch >> 2) & 1); }
-
 // Two whole 16-bit training tiles (an item's tiles 2 k and 2 k + 1: columns 16 k .. 16 k + 15 of the warp's two rows)
 // stored together through the warp's rows, so that each channel row's 16 columns go out as one whole 32-byte sector
 // (lanes 2 m and 2 m + 1 a sector's halves) where store_pair_rows stores half sectors, one lane a channel: the even
@@ -547,16 +591,8 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
   const int64_t base = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
                        (u.qw0 + 8 * (mt - 1));
   const uint4* const r = reinterpret_cast<const uint4*>(rows);
-  const int lq = lane & 1;  // the lane's half of each sector
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int ch = 16 * (i & 1) + (lane >> 1), h = i >> 1;
-    const int slot = 2 * (32 * h + ch) + pair_half(ch, lq);
-    const int64_t e = base + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
-                      static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3] + 8 * lq;
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + e) = r[slot];
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + e) = r[2 * kRowBytes / 16 + slot];
-  }
+  store_paired16(p, static_cast<uint16_t*>(p.out), r, base, u, warp, a);
+  store_paired16(p, static_cast<uint16_t*>(p.sel), r + 2 * kRowBytes / 16, base, u, warp, a);
   const uint4* const ro = r + 4 * kRowBytes / 16 + 2 * lane;
   const uint4 o0 = ro[pair_half(lane, 0)], o1 = ro[pair_half(lane, 1)];
   const int64_t col_off = base + static_cast<int64_t>(a.co0 + lane) * p.so[1];
