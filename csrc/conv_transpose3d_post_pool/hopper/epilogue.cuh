@@ -447,7 +447,7 @@ __host__ __device__ __forceinline__ bool pair_scale_ok(float s) { return s >= kP
 
 // One pair's pooled outputs from its phases: best (the activated maximum, both rounded to the I/O dtype), sel (the
 // selected phase's y, as the dtype's bits) and off (its phase), element h of each in half h. Returns false where it
-// cannot tell (the caller then takes exact_pair for the warp).
+// cannot tell (select_tile_pairs then takes exact_pair for the warp's pair).
 //
 // Where every channel's activation f is monotone and the weights were staged negated for negative multipliers
 // (a.negated: the block's monotone form, unit slopes, and every |multiplier| and slope within pair_scale_ok), f is
@@ -504,18 +504,41 @@ __device__ __forceinline__ void exact_pair(const Params& p, const uint32_t (&v)[
   off = o[0] | o[1] << 16;
 }
 
-// The selection of one pair in the block-uniform form: the monotone one, voted on by the warp, else the exact one.
+// A 16-bit training tile's 8 pairs selected: best, sel and off of pair pr (elements h: its channels c, c + 1). In the
+// block-uniform monotone form (unit slopes, weights staged negated) every pair takes select_pair, then the warp ORs
+// the pairs it could not tell and those take exact_pair, all lanes together (a warp-uniform mask, so no lane
+// diverges); the rest, every pair exact. The 8 select_pair have no branch or vote between them, so their chains
+// interleave, where a vote per pair held each warp to one pair's ~46 dependent instructions at a time (SASS; Nsight
+// Compute's samples on an H100).
 template <Mode M>
-__device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8], int c, const EpilogueArgs& a,
-                                          uint32_t& best, uint32_t& sel, uint32_t& off) {
-  const float m0 = a.mult[c], m1 = a.mult[c + 1];
-  const uint32_t flip = pair_flip(a, m0, m1);
-  if (p.unit_slopes) {
-    // a.negated is block-uniform, so the whole warp takes the vote or none of it does.
-    const bool done = a.negated && __all_sync(0xffffffffu, select_pair<M, true>(p, v, m0, m1, flip, best, sel, off));
-    if (!done) exact_pair<M, true>(p, v, m0, m1, flip, best, sel, off);
-  } else {
-    exact_pair<M, false>(p, v, m0, m1, flip, best, sel, off);
+__device__ __forceinline__ void select_tile_pairs(const Params& p, const PhasePairs<M>& in, int t,
+                                                  const EpilogueArgs& a, uint32_t (&best)[8], uint32_t (&sel)[8],
+                                                  uint32_t (&off)[8]) {
+  // a.negated and p.unit_slopes are block-uniform, so the whole warp takes the monotone form or none of it does.
+  uint32_t redo = 0xffu;  // the pairs that take exact_pair
+  if (p.unit_slopes && a.negated) {
+    uint32_t mine = 0u;
+#pragma unroll
+    for (int pr = 0; pr < 8; ++pr) {
+      const int c = acc_channel(2 * pr, t);
+      const float m0 = a.mult[c], m1 = a.mult[c + 1];
+      const bool told = select_pair<M, true>(p, in.v[pr], m0, m1, pair_flip(a, m0, m1), best[pr], sel[pr], off[pr]);
+      mine |= told ? 0u : 1u << pr;
+    }
+    redo = __reduce_or_sync(0xffffffffu, mine);
+  }
+  if (redo == 0u) return;
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) {
+    if (!((redo >> pr) & 1u)) continue;
+    const int c = acc_channel(2 * pr, t);
+    const float m0 = a.mult[c], m1 = a.mult[c + 1];
+    const uint32_t flip = pair_flip(a, m0, m1);
+    if (p.unit_slopes) {
+      exact_pair<M, true>(p, in.v[pr], m0, m1, flip, best[pr], sel[pr], off[pr]);
+    } else {
+      exact_pair<M, false>(p, in.v[pr], m0, m1, flip, best[pr], sel[pr], off[pr]);
+    }
   }
 }
 
@@ -612,8 +635,7 @@ template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
                                             int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
-#pragma unroll
-  for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  select_tile_pairs<M>(p, in, t, a, best, sel, off);
   // Paired where this consumer takes the item's 4 tiles in order (not halves) and both tiles of the pair are whole
   // (tile_is_whole is monotone in mt: the odd one's decides).
   static_assert(kMTiles % 2 == 0, "an item's tiles pair up");
