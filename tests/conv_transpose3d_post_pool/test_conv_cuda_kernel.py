@@ -476,6 +476,44 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
             torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 16, 40), (1, 2, 8, 48)], ids=["pooled_w40", "pooled_w48"])
+def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, tf32_setting):
+    """Split by units (a consumer takes a unit's 4 tiles in order), rows aligned and every channel block full, so the
+    whole-tile row stores run: the 16-bit forms store an item's tiles two by two where both are whole (the first unit
+    of each row of units), one alone where only it is (pooled W 40: the second unit's first tile), and element by
+    element past the edge; W 48 pairs the second unit's first two tiles and leaves the rest. Each against the
+    mma.sync kernel bit for bit, with an infinite and a NaN input."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(True)
+    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    cin, cout = 16, 64
+    n, d, h, w_ = shape
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(n, cin, d, h, w_, device="cuda", generator=g)
+    x[0, 1, 1, 3, 4] = float("inf")
+    x[-1, 2, 0, 5, w_ - 3] = float("nan")
+    x = x.to(dt)
+    w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    b = torch.randn(cout, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
+    outs = []
+    for choice, split_choice in ((2, 1), (1, 0)):
+        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
+        finally:
+            _C._conv_forward_kernel(prev)
+            _C._conv_hopper_split(prev_split)
+    assert outs[0][0].shape[-2:] == (h, w_), "the pooled plane is not the one the docstring describes"
+    for a, ref in zip(*outs):
+        torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])
 @pytest.mark.parametrize("train", [False, True])
 def test_wgmma_weight_layouts(forward_kernel, prec, train, tf32_setting):

@@ -255,6 +255,50 @@ __device__ __forceinline__ void store_out_rows(const Params& p, const float (&be
   }
 }
 
+// Where channel ch's half q (q: the even or the odd tile of a pair) lies in the paired rows (store_pair_rows2): the
+// halves swap every 4 channels, so that the 8 rows of a transposing stmatrix (8 channels, 32 bytes apart) and a
+// lane's reads of the offsets (one channel a lane) meet 32 distinct banks.
+__device__ __forceinline__ int pair_half(int ch, int q) { return q ^ ((ch >> 2) & 1); }
+
+// One tensor's paired rows ([2 rows][32 channels][2 halves][16 bytes] at r) out to dst: lane l stores half l % 2 of
+// channel rows 16 i + l / 2 (i = 0..3), so lanes 2 m and 2 m + 1 write one whole 32-byte sector and a quarter warp
+// reads 128 contiguous bytes. base: the pair's first column's element offset in the warp's (n, d) plane.
+__device__ __forceinline__ void store_paired16(const Params& p, uint16_t* dst, const uint4* r, int64_t base,
+                                               const TileOrigin& u, int warp, const EpilogueArgs& a) {
+  const int lane = threadIdx.x & 31, lq = lane & 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int ch = 16 * (i & 1) + (lane >> 1), h = i >> 1;
+    const int64_t e = base + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3] + 8 * lq;
+    *reinterpret_cast<uint4*>(dst + e) = r[2 * (32 * h + ch) + pair_half(ch, lq)];
+  }
+}
+
+// Two whole 16-bit inference tiles (an item's tiles 2 k and 2 k + 1) stored together through the warp's rows, as
+// store_pair_rows2 stores the training forms': each channel row's 16 columns go out as one whole 32-byte sector where
+// store_out_rows stores half sectors. The even tile's stmatrix put its halves in place and return; the odd tile's put
+// theirs, then every lane stores 4 vectors.
+template <Mode M>
+__device__ __forceinline__ void store_out_rows2(const Params& p, const float (&best)[16], uint8_t* rows,
+                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 2 * kRowBytes, "the warp's paired rows");
+  uint32_t pk[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
+  const int lane = threadIdx.x & 31, q = mt & 1;
+  const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
+  __syncwarp();  // the warp's reads of the previous pair's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) stmatrix_x4_trans(at + h * kRowBytes, pk[h], pk[2 + h], pk[4 + h], pk[6 + h]);
+  if (q == 0) return;
+  __syncwarp();
+  const int64_t base = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                       (u.qw0 + 8 * (mt - 1));
+  store_paired16(p, static_cast<uint16_t*>(p.out), reinterpret_cast<const uint4*>(rows), base, u, warp, a);
+}
+
 // The TF32 forms' float32 rows (store_rows32): the thread's 16 values into [2 rows][32 channels][8 columns], 32
 // bytes a channel's row, logical row R (= 32 x row + channel) at row R ^ ((R >> 2) & 1): with that swap the warp's 32
 // stores of one register meet 32 distinct banks (rows 2 t + e of the four t fall in four different groups of 8 banks).
@@ -334,6 +378,11 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   uint32_t off[16];
   select_phases<M, TRAIN, MIXED>(p, acc, t, a, best, sel, off);
   if constexpr (!TRAIN && ModeTraits<M>::kHalf && !MIXED) {
+    static_assert(kMTiles % 2 == 0, "an item's tiles pair up");
+    if (p.out_rows && !p.halves && tile_is_whole(p, u, mt | 1, a)) {  // as store_pairs pairs them
+      store_out_rows2<M>(p, best, rows, u, mt, warp, a);
+      return;
+    }
     if (p.out_rows && tile_is_whole(p, u, mt, a)) {
       store_out_rows<M>(p, best, rows, u, mt, warp, a);
       return;
@@ -398,7 +447,7 @@ __host__ __device__ __forceinline__ bool pair_scale_ok(float s) { return s >= kP
 
 // One pair's pooled outputs from its phases: best (the activated maximum, both rounded to the I/O dtype), sel (the
 // selected phase's y, as the dtype's bits) and off (its phase), element h of each in half h. Returns false where it
-// cannot tell (the caller then takes exact_pair for the warp).
+// cannot tell (select_tile_pairs then takes exact_pair for the warp's pair).
 //
 // Where every channel's activation f is monotone and the weights were staged negated for negative multipliers
 // (a.negated: the block's monotone form, unit slopes, and every |multiplier| and slope within pair_scale_ok), f is
@@ -455,18 +504,41 @@ __device__ __forceinline__ void exact_pair(const Params& p, const uint32_t (&v)[
   off = o[0] | o[1] << 16;
 }
 
-// The selection of one pair in the block-uniform form: the monotone one, voted on by the warp, else the exact one.
+// A 16-bit training tile's 8 pairs selected: best, sel and off of pair pr (elements h: its channels c, c + 1). In the
+// block-uniform monotone form (unit slopes, weights staged negated) every pair takes select_pair, then the warp ORs
+// the pairs it could not tell and those take exact_pair, all lanes together (a warp-uniform mask, so no lane
+// diverges); the rest, every pair exact. The 8 select_pair have no branch or vote between them, so their chains
+// interleave, where a vote per pair held each warp to one pair's ~46 dependent instructions at a time (SASS; Nsight
+// Compute's samples on an H100).
 template <Mode M>
-__device__ __forceinline__ void pool_pair(const Params& p, const uint32_t (&v)[8], int c, const EpilogueArgs& a,
-                                          uint32_t& best, uint32_t& sel, uint32_t& off) {
-  const float m0 = a.mult[c], m1 = a.mult[c + 1];
-  const uint32_t flip = pair_flip(a, m0, m1);
-  if (p.unit_slopes) {
-    // a.negated is block-uniform, so the whole warp takes the vote or none of it does.
-    const bool done = a.negated && __all_sync(0xffffffffu, select_pair<M, true>(p, v, m0, m1, flip, best, sel, off));
-    if (!done) exact_pair<M, true>(p, v, m0, m1, flip, best, sel, off);
-  } else {
-    exact_pair<M, false>(p, v, m0, m1, flip, best, sel, off);
+__device__ __forceinline__ void select_tile_pairs(const Params& p, const PhasePairs<M>& in, int t,
+                                                  const EpilogueArgs& a, uint32_t (&best)[8], uint32_t (&sel)[8],
+                                                  uint32_t (&off)[8]) {
+  // a.negated and p.unit_slopes are block-uniform, so the whole warp takes the monotone form or none of it does.
+  uint32_t redo = 0xffu;  // the pairs that take exact_pair
+  if (p.unit_slopes && a.negated) {
+    uint32_t mine = 0u;
+#pragma unroll
+    for (int pr = 0; pr < 8; ++pr) {
+      const int c = acc_channel(2 * pr, t);
+      const float m0 = a.mult[c], m1 = a.mult[c + 1];
+      const bool told = select_pair<M, true>(p, in.v[pr], m0, m1, pair_flip(a, m0, m1), best[pr], sel[pr], off[pr]);
+      mine |= told ? 0u : 1u << pr;
+    }
+    redo = __reduce_or_sync(0xffffffffu, mine);
+  }
+  if (redo == 0u) return;
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) {
+    if (!((redo >> pr) & 1u)) continue;
+    const int c = acc_channel(2 * pr, t);
+    const float m0 = a.mult[c], m1 = a.mult[c + 1];
+    const uint32_t flip = pair_flip(a, m0, m1);
+    if (p.unit_slopes) {
+      exact_pair<M, true>(p, in.v[pr], m0, m1, flip, best[pr], sel[pr], off[pr]);
+    } else {
+      exact_pair<M, false>(p, in.v[pr], m0, m1, flip, best[pr], sel[pr], off[pr]);
+    }
   }
 }
 
@@ -512,14 +584,65 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: a whole tile
-// through the warp's rows (store_pair_rows), others element by element.
+// Two whole 16-bit training tiles (an item's tiles 2 k and 2 k + 1: columns 16 k .. 16 k + 15 of the warp's two rows)
+// stored together through the warp's rows, so that each channel row's 16 columns go out as one whole 32-byte sector
+// (lanes 2 m and 2 m + 1 a sector's halves) where store_pair_rows stores half sectors, one lane a channel: the even
+// tile's stmatrix put its halves in place and return; the odd tile's put theirs, then every lane stores 4 vectors a
+// tensor of outputs and selected values and 4 of offsets. Rows: [2 rows][32 channels][2 halves][16 bytes] of outputs,
+// the same of selected values, [32 channels][2 halves][16 bytes] of offset byte pairs (store_pair_rows' layout per
+// half).
+template <Mode M>
+__device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                                 const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
+                                                 int warp, const EpilogueArgs& a) {
+  constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
+  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's paired rows");
+  const int lane = threadIdx.x & 31, q = mt & 1;
+  const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  __syncwarp();  // the warp's reads of the previous pair's rows are done
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(at + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(at + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+  stmatrix_x4_trans(at + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
+  if (q == 0) return;
+  __syncwarp();
+  const int64_t base = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                       (u.qw0 + 8 * (mt - 1));
+  const uint4* const r = reinterpret_cast<const uint4*>(rows);
+  store_paired16(p, static_cast<uint16_t*>(p.out), r, base, u, warp, a);
+  store_paired16(p, static_cast<uint16_t*>(p.sel), r + 2 * kRowBytes / 16, base, u, warp, a);
+  const uint4* const ro = r + 4 * kRowBytes / 16 + 2 * lane;
+  const uint4 o0 = ro[pair_half(lane, 0)], o1 = ro[pair_half(lane, 1)];
+  const int64_t col_off = base + static_cast<int64_t>(a.co0 + lane) * p.so[1];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    const int64_t e = col_off + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o0.x, o0.y, s), __byte_perm(o0.z, o0.w, s));
+    *reinterpret_cast<uint2*>(p.off + e + 8) = make_uint2(__byte_perm(o1.x, o1.y, s), __byte_perm(o1.z, o1.w, s));
+  }
+}
+
+// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: two whole
+// tiles together through the warp's rows (store_pair_rows2), a whole tile alone through them (store_pair_rows),
+// others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
                                             int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
   uint32_t best[8], sel[8], off[8];
-#pragma unroll
-  for (int pr = 0; pr < 8; ++pr) pool_pair<M>(p, in.v[pr], acc_channel(2 * pr, t), a, best[pr], sel[pr], off[pr]);
+  select_tile_pairs<M>(p, in, t, a, best, sel, off);
+  // Paired where this consumer takes the item's 4 tiles in order (not halves) and both tiles of the pair are whole
+  // (tile_is_whole is monotone in mt: the odd one's decides).
+  static_assert(kMTiles % 2 == 0, "an item's tiles pair up");
+  if (p.out_rows && !p.halves && tile_is_whole(p, u, mt | 1, a)) {
+    store_pair_rows2<M>(p, best, sel, off, rows, u, mt, warp, a);
+    return;
+  }
   if (p.out_rows && tile_is_whole(p, u, mt, a)) {
     store_pair_rows<M>(p, best, sel, off, rows, u, mt, warp, a);
     return;

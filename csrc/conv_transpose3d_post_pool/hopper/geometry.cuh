@@ -96,11 +96,12 @@ struct Layout {
   static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
   static constexpr int kParamBytes = 3 * kCoBlock * 4;  // multipliers, biases, the selection's biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
-  // The output rows of one tile per consumer warp (epilogue.cuh): in the 16-bit forms 2 pooled rows x 32 channels x
-  // 8 columns of 2 bytes (store_out_rows), in the training form the same of selected values then 32 channels x 8
-  // columns x 2 rows of offset bytes (store_pair_rows); in the TF32 forms the same of 4 bytes, then the offset bytes
-  // (store_rows32). Not strict float32, whose B copies leave room for fewer stages.
-  static constexpr int kOutRowsBytes = M == Mode::kStrict ? 0 : 5 * kCoBlock * 16;
+  // The output rows per consumer warp (epilogue.cuh): in the 16-bit forms 2 pooled rows x 32 channels x 8 columns of
+  // 2 bytes (store_out_rows, inference), in the training form two tiles' of outputs, the same of selected values,
+  // then 32 channels x 16 columns x 2 rows of offset bytes (store_pair_rows2); in the TF32 forms one tile's of 4
+  // bytes, then its offset bytes (store_rows32). Not strict float32, whose B copies leave room for fewer stages.
+  static constexpr int kOutRowsBytes =
+      M == Mode::kStrict ? 0 : (ModeTraits<M>::kHalf ? 5 * kCoBlock * 32 : 5 * kCoBlock * 16);
   static constexpr int kOutScratchBytes = 4 * kConsumers * kOutRowsBytes;
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
   static constexpr int kFixed = kBBytes + kOutScratchBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;

@@ -44,11 +44,16 @@ constexpr int kConsumerRegs = 208;
 static_assert(fits_launch(kProducerRegs, kConsumerRegs), "the roles' registers exceed the launch's");
 
 // The 16-bit training forms (not mixed) select by pairs: each tile's phases rounded into PhasePairs, then
-// store_pairs (epilogue.cuh), in the consumer loop with turns as every other form but strict float32.
+// store_pairs (epilogue.cuh), in the consumer loop as every other form but strict float32 (without turns: kTurns).
 // docs/performance.md measures this against a loop that pipelined their tiles (the next tile's products issued
-// before the previous tile's selection and stores, no turns, registers 56 / 224).
+// before the previous tile's selection and stores, registers 56 / 224).
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
+// Whether the consumers take turns at the tensor cores (the consumer loop): not in the 16-bit training forms, whose
+// epilogue costs ~3x their products, so that falling into step costs little and the handshake (its barrier stalls:
+// 13 % of the bf16 training form's warp samples, Nsight Compute on an H100) nothing.
+template <Mode M, bool TRAIN, bool MIXED>
+constexpr bool kTurns = !kPairs<M, TRAIN, MIXED>;
 // Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
 // measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0); on the H100 the
 // 16-bit training forms ~2 us slower (bf16 100.4 -> 102.7), the mixed training form ~1 us.
@@ -331,13 +336,13 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     for (int i = 0; i < item_tiles; ++i) {
       const int mt = mt0 + i;
       pin_all(acc);
-      if (c == 1 || (j > 0 && j - 1 < tiles1)) turn_wait(c);
+      if (kTurns<M, TRAIN, MIXED> && (c == 1 || (j > 0 && j - 1 < tiles1))) turn_wait(c);
       if (!ablated(p, kAblateMma)) {
         wgmma_fence();
         tile_products<M, KS>(acc, a_stage, b_addr, mt);
         wgmma_commit();
       }
-      if (c == 0 ? j < tiles1 : j + 1 < tiles0) turn_pass(1 - c);
+      if (kTurns<M, TRAIN, MIXED> && (c == 0 ? j < tiles1 : j + 1 < tiles0)) turn_pass(1 - c);
       ++j;
       if (!ablated(p, kAblateMma)) wgmma_wait_all();
       pin_all(acc);
