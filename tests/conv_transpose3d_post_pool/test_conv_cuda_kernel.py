@@ -478,13 +478,17 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
 
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("shape", [(2, 3, 16, 40), (1, 2, 8, 48)], ids=["pooled_w40", "pooled_w48"])
-def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, tf32_setting):
+@pytest.mark.parametrize("shape", [(2, 3, 16, 40), (1, 2, 8, 48), (2, 3, 16, 32)],
+                         ids=["pooled_w40", "pooled_w48", "pooled_w32"])
+@pytest.mark.parametrize("inf_weight", [False, True])
+def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, tf32_setting):
     """Split by units (a consumer takes a unit's 4 tiles in order), rows aligned and every channel block full, so the
     whole-tile row stores run: the 16-bit forms store an item's tiles two by two where both are whole (the first unit
     of each row of units), one alone where only it is (pooled W 40: the second unit's first tile), and element by
     element past the edge; W 48 pairs the second unit's first two tiles and leaves the rest. Each against the
-    mma.sync kernel bit for bit, with an infinite and a NaN input."""
+    mma.sync kernel bit for bit, with an infinite and a NaN input. With pooled W 32 (rows 32 apart) the 16-bit forms
+    store whole units through the bulk copy engine, except in a block that recomputes its far edge (an infinite
+    weight: channel block 32..63 here), whose rewrites must follow its stores."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
     from torch_fused_ops import _C
@@ -499,6 +503,8 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, tf32_setting)
     x[-1, 2, 0, 5, w_ - 3] = float("nan")
     x = x.to(dt)
     w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    if inf_weight:
+        w[3, 35, 2, 1, 2] = float("-inf")
     b = torch.randn(cout, device="cuda", generator=g).to(dt)
     m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
     outs = []

@@ -367,6 +367,64 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
   }
 }
 
+// A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes) and out by the bulk copy
+// engine: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel in place (outputs and
+// selected values; a tile's offsets go out through the warp's rows as store_pair_rows stores them), and after the
+// unit's last tile the warpgroup hands each channel's 512 bytes of each tensor to the engine, one copy a lane (16 lanes
+// of each warp: a copy takes warp-uniform operands, so the warp issues its lanes' copies one after another). So the
+// consumer's global stores of those tensors neither compute addresses per tile nor hold registers until the memory
+// system takes them (long-scoreboard stalls on the stores' operands took 20 % of the bf16 training form's samples:
+// Nsight Compute on an H100). For whole units whose rows are kTW apart only (kernel.cuh); every thread of the
+// warpgroup calls it for each of the unit's tiles in order.
+template <Mode M>
+__device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
+                                                const uint32_t (&off)[8], uint8_t* unit, uint8_t* rows,
+                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
+  const int lane = threadIdx.x & 31;
+  const int wg = static_cast<int>(threadIdx.x) / 128 - 1;  // the consumer
+  const uint32_t base = smem_addr(unit);
+  // Lane l gives the address of channel l's 8 columns of this tile in each of the warp's rows.
+  const uint32_t at = base + lane * kUnitChannelBytes + 2 * warp * kUnitRowBytes + 16 * mt;
+  if (mt == 0) {
+    bulk_wait_read();    // this thread's copies of the previous unit have read the rows
+    warpgroup_sync(wg);  // every thread's have (a warp's rows go out through other warps' lanes too)
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(at + h * kUnitRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(at + kUnitTensorBytes + h * kUnitRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+  // This tile's offsets, as store_pair_rows stores them: element e of chunk j's register holds row g's in its low
+  // byte and row g + 8's in its high byte; the transposed matrix, each channel's 8 columns x 2 rows.
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  __syncwarp();  // the warp's reads of the previous tile's offsets are done
+  stmatrix_x4_trans(smem_addr(rows) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
+  __syncwarp();
+  const uint4 o = reinterpret_cast<const uint4*>(rows)[lane];
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+    *reinterpret_cast<uint2*>(p.off + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
+        make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+  }
+  if (mt != kMTiles - 1) return;
+  fence_proxy_async();  // this thread's share of the stmatrix writes, visible to the engine's reads
+  warpgroup_sync(wg);   // the unit's rows, every warp's, in place
+  constexpr int kPerWarp = 2 * kCoBlock / 4;  // one copy per tensor and channel
+  if (lane < kPerWarp) {
+    const int k = kPerWarp * warp + lane, tensor = k / kCoBlock, ch = k % kCoBlock;
+    const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
+                      static_cast<int64_t>(u.qd0) * p.so[2] + static_cast<int64_t>(u.qh0) * p.so[3] + u.qw0;
+    uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
+    bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
+    bulk_commit();
+  }
+}
+
 // One m64 tile's pooled outputs from its accumulators, then their stores (rows: the warp's rows for
 // store_out_rows in the 16-bit-output inference forms and store_rows32 in the TF32 training form, else unused).
 template <Mode M, bool TRAIN, bool MIXED>
@@ -633,9 +691,14 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
 // others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
-                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
+                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows,
+                                            uint8_t* unit) {
   uint32_t best[8], sel[8], off[8];
   select_tile_pairs<M>(p, in, t, a, best, sel, off);
+  if (unit) {
+    store_unit_rows<M>(p, best, sel, off, unit, rows, u, mt, warp, a);
+    return;
+  }
   // Paired where this consumer takes the item's 4 tiles in order (not halves) and both tiles of the pair are whole
   // (tile_is_whole is monotone in mt: the odd one's decides).
   static_assert(kMTiles % 2 == 0, "an item's tiles pair up");

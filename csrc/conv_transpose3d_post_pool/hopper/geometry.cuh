@@ -79,10 +79,21 @@ static_assert(run(0).shift == 0 && run(1).shift == 0 && run(2).shift == 0 && run
                   run(0).slots + run(1).slots + run(2).slots == 8,
               "shift 0's runs come first and cover every slot");
 
+// A whole unit's 16-bit rows per consumer (store_unit_rows, epilogue.cuh): per tensor (the outputs, then the
+// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a
+// channel's 512 bytes are contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes
+// apart (16 of padding: the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks).
+constexpr int kUnitRowBytes = kTW * 2;
+constexpr int kUnitChannelBytes = kTH * kUnitRowBytes + 16;
+constexpr int kUnitTensorBytes = kCoBlock * kUnitChannelBytes;
+constexpr int kUnitBytes = 2 * kUnitTensorBytes;
+
 // Operand sizes for precision M with KS k-steps (8 TF32 or 16 16-bit channels each). Both operands are K-major
 // without swizzling: a "chunk" is 16 bytes of consecutive channels (4 float32 or 8 16-bit) of one row (position or
-// column), and a core matrix is 8 rows of one chunk, 128 contiguous bytes.
-template <Mode M, int KS>
+// column), and a core matrix is 8 rows of one chunk, 128 contiguous bytes. UNIT: the consumers' unit rows too (the
+// 16-bit training forms' store_unit_rows); the inference forms go without them, whose shared memory is then smaller and
+// leaves the L1 cache more room (the cast form reads its float32 operands through it: 41 -> 51 us with them, H100).
+template <Mode M, int KS, bool UNIT = false>
 struct Layout {
   static constexpr int kChunkElems = ModeTraits<M>::kHalf ? 8 : 4;
   static constexpr int kChunks = 2 * KS;  // a k-step is two chunks
@@ -102,14 +113,18 @@ struct Layout {
   // bytes, then its offset bytes (store_rows32). Not strict float32, whose B copies leave room for fewer stages.
   static constexpr int kOutRowsBytes =
       M == Mode::kStrict ? 0 : (ModeTraits<M>::kHalf ? 5 * kCoBlock * 32 : 5 * kCoBlock * 16);
+  // The consumers' unit rows (kUnitBytes each).
+  static_assert(!UNIT || ModeTraits<M>::kHalf, "unit rows hold 16-bit values");
+  static constexpr int kUnitScratchBytes = UNIT ? kConsumers * kUnitBytes : 0;
   static constexpr int kOutScratchBytes = 4 * kConsumers * kOutRowsBytes;
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
-  static constexpr int kFixed = kBBytes + kOutScratchBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
+  static constexpr int kFixed =
+      kBBytes + kOutScratchBytes + kUnitScratchBytes + kParamBytes + kTapTableBytes + 2 * 8 * 8 + 2 * 8;
   static constexpr int kStages = (kSmemBudget - kFixed) / kStageBytes >= 4 ? 4 : (kSmemBudget - kFixed) / kStageBytes;
   static_assert(kStages >= 2, "the instantiation does not fit two stages");
   static constexpr size_t kSmem =
-      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kOutScratchBytes + kParamBytes + 2 * 8 * (kStages + 1) +
-      kTapTableBytes;
+      static_cast<size_t>(kBBytes) + kStages * kStageBytes + kOutScratchBytes + kUnitScratchBytes + kParamBytes +
+      2 * 8 * (kStages + 1) + kTapTableBytes;
 };
 
 }  // namespace hopper

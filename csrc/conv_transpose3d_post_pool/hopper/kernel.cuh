@@ -54,6 +54,11 @@ constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 // 13 % of the bf16 training form's warp samples, Nsight Compute on an H100) nothing.
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kTurns = !kPairs<M, TRAIN, MIXED>;
+// Whether whole units store through the consumer's unit rows and the bulk copy engine (store_unit_rows): the 16-bit
+// training forms (not mixed, whose outputs are float32); the 16-bit inference forms measured no faster with it (H100:
+// bf16 29.9 -> 31.0 us, with the unit rows in every 16-bit form's shared memory).
+template <Mode M, bool TRAIN, bool MIXED>
+constexpr bool kUnitBulk = kPairs<M, TRAIN, MIXED>;
 // Whether the roles split on a warp-uniform warpgroup index (sync.cuh): on the H200 the 16-bit inference forms
 // measured ~2 us faster with it (bf16 33.4 -> 31.4), TF32 inference ~0.7 us slower (44.3 -> 45.0); on the H100 the
 // 16-bit training forms ~2 us slower (bf16 100.4 -> 102.7), the mixed training form ~1 us.
@@ -147,13 +152,15 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
-  using L = Layout<M, KS>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
+  static_assert(L::kStages == Layout<M, KS>::kStages, "the unit rows leave the stage ring as RawWeights sees it");
   using Out = OutputTraits<M, MIXED>;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sB = smem;
   uint8_t* const sStages = smem + L::kBBytes;
   uint8_t* const sOutRows = sStages + L::kStages * L::kStageBytes;  // the consumer warps' output rows (epilogue.cuh)
-  float* const sMult = reinterpret_cast<float*>(sOutRows + L::kOutScratchBytes);
+  uint8_t* const sUnit = sOutRows + L::kOutScratchBytes;  // the consumers' unit rows (store_unit_rows)
+  float* const sMult = reinterpret_cast<float*>(sUnit + L::kUnitScratchBytes);
   float* const sBias = sMult + kCoBlock;
   float* const sSelBias = sBias + kCoBlock;  // EpilogueArgs::sel_bias
   uint64_t* const full = reinterpret_cast<uint64_t*>(sSelBias + kCoBlock);
@@ -315,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   // (32-bit: the launcher keeps a block's items far below 2^29.)
   const int64_t items = work_items(p);
   uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_rows32)
+  uint8_t* const unit_rows = sUnit + c * kUnitBytes;                    // this consumer's (store_unit_rows)
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -332,6 +340,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     if (ctid == 0) trace_mark(p, consumer_slot(tk, 1));
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
+    // The item's tiles as one whole unit through the bulk copy engine: this consumer takes all of its tiles, the last
+    // one (and so every one) whole, rows aligned and kTW apart (a channel's unit rows contiguous), and no far-edge
+    // fix rewriting outputs after them.
+    const bool unit_bulk = kUnitBulk<M, TRAIN, MIXED> && !CAST && p.out_rows && p.so[3] == kTW && !p.halves &&
+                           !fix_edges && tile_is_whole(p, u, kMTiles - 1, args);
 #pragma unroll 1
     for (int i = 0; i < item_tiles; ++i) {
       const int mt = mt0 + i;
@@ -353,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
           // The 16-bit training forms: the phases rounded into pairs, then the pairs' selection and stores.
           PhasePairs<M> phases;
           pair_phases<M>(acc, t, args, phases);
-          store_pairs<M>(p, phases, u, mt, warp, g, t, args, rows);
+          store_pairs<M>(p, phases, u, mt, warp, g, t, args, rows, unit_bulk ? unit_rows : nullptr);
         } else {
           store_tile<M, TRAIN, MIXED>(p, acc, u, mt, warp, g, t, args, rows);
         }
@@ -365,6 +378,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
       fix_unit_edges<M, TRAIN, MIXED, CAST>(p, u, co0, ctid, 8 * mt0, 8 * item_tiles);
     }
   }
+  // The rows stay in use until the engine has read them (the block's shared memory goes to the next block).
+  if constexpr (kUnitBulk<M, TRAIN, MIXED>) bulk_wait_read();
   if (ctid == 0) trace_mark(p, kTraceConsumerEnd + c);
 #else
   (void)p;
@@ -373,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 void launch_hopper_one(const Params& p0, cudaStream_t stream) {
-  using L = Layout<M, KS>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
   auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, CAST>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();

@@ -115,6 +115,27 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       : "memory");
 #endif
 }
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared to global memory by the bulk copy engine,
+// in this thread's bulk group (committed by bulk_commit). The engine reads shared memory through the async proxy:
+// the generic writes it reads need fence_proxy_async (by the writing threads) first.
+__device__ __forceinline__ void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until this thread's committed bulk copies to global memory have read their shared memory (their writes may
+// still be on the way; the kernel's end completes them).
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
 // Waits for the completion of the barrier's phase of this parity.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(FUSED_WGMMA_ENABLED)
