@@ -367,6 +367,26 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
   }
 }
 
+// A 16-bit training tile's pairs (select_tile_pairs: register 2 j + h holds channels 8 j + 2 t and + 1 of the warp's
+// row h at column g) into rows by transposing stmatrix, each channel's 8 columns of a row together: row h of the
+// outputs at best_at + h * row_stride, of the selected values at sel_at + h * row_stride (this lane's addresses).
+__device__ __forceinline__ void put_pair_values(uint32_t best_at, uint32_t sel_at, uint32_t row_stride,
+                                                const uint32_t (&best)[8], const uint32_t (&sel)[8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    stmatrix_x4_trans(best_at + h * row_stride, best[h], best[2 + h], best[4 + h], best[6 + h]);
+    stmatrix_x4_trans(sel_at + h * row_stride, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
+  }
+}
+
+// The tile's offsets as byte pairs for one transposing stmatrix: chunk j's register, element e (channel 8 j + 2 t + e)
+// holding row 0's offset in its low byte and row 1's in its high byte, so that the transposed matrix holds each
+// channel's 8 columns x 2 rows.
+__device__ __forceinline__ void offset_pairs(const uint32_t (&off)[8], uint32_t (&ob)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+}
+
 // A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes) and out by the bulk copy
 // engine: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel in place (outputs and
 // selected values; a tile's offsets go out through the warp's rows as store_pair_rows stores them), and after the
@@ -389,16 +409,10 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
     bulk_wait_read();    // this thread's copies of the previous unit have read the rows
     warpgroup_sync(wg);  // every thread's have (a warp's rows go out through other warps' lanes too)
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    stmatrix_x4_trans(at + h * kUnitRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
-    stmatrix_x4_trans(at + kUnitTensorBytes + h * kUnitRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
-  }
-  // This tile's offsets, as store_pair_rows stores them: element e of chunk j's register holds row g's in its low
-  // byte and row g + 8's in its high byte; the transposed matrix, each channel's 8 columns x 2 rows.
+  put_pair_values(at, at + kUnitTensorBytes, kUnitRowBytes, best, sel);
+  // This tile's offsets through the warp's rows, as store_pair_rows stores them.
   uint32_t ob[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  offset_pairs(off, ob);
   __syncwarp();  // the warp's reads of the previous tile's offsets are done
   stmatrix_x4_trans(smem_addr(rows) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
   __syncwarp();
@@ -615,17 +629,10 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
   static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
   const int lane = threadIdx.x & 31;
   const uint32_t base = smem_addr(rows) + 16 * lane;
-  // Offsets: chunk j's pairs (rows g and g + 8: pairs 2 j and 2 j + 1) in one register, element e (channel
-  // 8 j + 2 t + e) holding row g's offset in its low byte and row g + 8's in its high byte.
   uint32_t ob[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  offset_pairs(off, ob);
   __syncwarp();  // the warp's reads of the previous tile's rows are done
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    stmatrix_x4_trans(base + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
-    stmatrix_x4_trans(base + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
-  }
+  put_pair_values(base, base + 2 * kRowBytes, kRowBytes, best, sel);
   stmatrix_x4_trans(base + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
   __syncwarp();
   const uint4* const r = reinterpret_cast<const uint4*>(rows) + lane;
@@ -658,14 +665,9 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
   const int lane = threadIdx.x & 31, q = mt & 1;
   const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
   uint32_t ob[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
+  offset_pairs(off, ob);
   __syncwarp();  // the warp's reads of the previous pair's rows are done
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    stmatrix_x4_trans(at + h * kRowBytes, best[h], best[2 + h], best[4 + h], best[6 + h]);
-    stmatrix_x4_trans(at + (2 + h) * kRowBytes, sel[h], sel[2 + h], sel[4 + h], sel[6 + h]);
-  }
+  put_pair_values(at, at + 2 * kRowBytes, kRowBytes, best, sel);
   stmatrix_x4_trans(at + 4 * kRowBytes, ob[0], ob[1], ob[2], ob[3]);
   if (q == 0) return;
   __syncwarp();
