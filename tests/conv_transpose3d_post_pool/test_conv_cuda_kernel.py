@@ -520,6 +520,42 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("prec", ["bf16", "fp16"])
+@pytest.mark.parametrize("train", [False, True])
+def test_wgmma_units_in_turn(forward_kernel, prec, train, tf32_setting):
+    """Enough units that each consumer takes several (640 units of pooled 8 x 32 for at most 132 blocks of one
+    channel block), pooled W 32 and H 36: each consumer stores whole units through its unit rows and the bulk copy
+    engine (the 16-bit training forms), then reuses those rows for its next unit once the engine has read them, and
+    between them meets the partial units of rows 32..35 (element by element). Against the mma.sync kernel bit for
+    bit, with an infinite and a NaN input."""
+    if forward_kernel != "wgmma":
+        pytest.skip("compares the kernels once, under the wgmma parameter")
+    from torch_fused_ops import _C
+
+    tf32_setting(True)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    n, cin, cout, d, h, w_ = 8, 16, 32, 16, 36, 32
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(n, cin, d, h, w_, device="cuda", generator=g)
+    x[3, 1, 5, 9, 4] = float("inf")
+    x[6, 2, 11, 33, 30] = float("nan")
+    x = x.to(dt)
+    w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
+    b = torch.randn(cout, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
+    outs = []
+    for choice, split_choice in ((2, 1), (1, 0)):
+        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
+        finally:
+            _C._conv_forward_kernel(prev)
+            _C._conv_hopper_split(prev_split)
+    assert outs[0][0].shape == (n, cout, d, h, w_), "the pooled shape is not the one the docstring describes"
+    for a, ref in zip(*outs):
+        torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("prec", ["tf32", "bf16", "mixed"])
 @pytest.mark.parametrize("train", [False, True])
 def test_wgmma_weight_layouts(forward_kernel, prec, train, tf32_setting):
