@@ -79,6 +79,22 @@ def fused(x, w, b, m, s1, s2, op, train):
     return (torch.ops.fused.conv_transpose3d_post_pool(*args),)
 
 
+def wgmma_and_mma_sync(x, w, b, m, train, split):
+    """fused(...) run by the sm_90a kernel with work split `split` (_C._conv_hopper_split: 1 units, 2 halves), then by
+    the mma.sync kernel: the two results, each a tuple as fused returns it."""
+    from torch_fused_ops import _C
+
+    outs = []
+    for choice, split_choice in ((2, split), (1, 0)):
+        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
+        try:
+            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
+        finally:
+            _C._conv_forward_kernel(prev)
+            _C._conv_hopper_split(prev_split)
+    return outs
+
+
 def conv64(x, w, b, op):
     return F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), stride=2, padding=1,
                               output_padding=tuple(op))
@@ -445,8 +461,6 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
         pytest.skip("compares the kernels once, under the wgmma parameter")
     if prec == "strict" and train:
         pytest.skip("strict float32's training form runs the mma.sync kernel under either choice")
-    from torch_fused_ops import _C
-
     tf32_setting(prec != "strict")
     dt = torch.float32 if prec in ("tf32", "strict") else torch.bfloat16
     cin, cout = 5, 40
@@ -459,14 +473,7 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
     b = torch.randn(cout, device="cuda", generator=g).to(dt)
     m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
     m = m if prec == "mixed" else m.to(dt)
-    outs = []
-    for choice, split_choice in ((2, {"units": 1, "halves": 2}[split]), (1, 0)):
-        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
-        try:
-            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
-        finally:
-            _C._conv_forward_kernel(prev)
-            _C._conv_hopper_split(prev_split)
+    outs = wgmma_and_mma_sync(x, w, b, m, train, {"units": 1, "halves": 2}[split])
     for a, ref in zip(*outs):
         if prec == "strict":
             torch.testing.assert_close(a[:, :32], ref[:, :32], rtol=0, atol=0, equal_nan=True)
@@ -491,8 +498,6 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
     weight: channel block 32..63 here), whose rewrites must follow its stores."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
-    from torch_fused_ops import _C
-
     tf32_setting(True)
     dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
     cin, cout = 16, 64
@@ -507,14 +512,7 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
         w[3, 35, 2, 1, 2] = float("-inf")
     b = torch.randn(cout, device="cuda", generator=g).to(dt)
     m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
-    outs = []
-    for choice, split_choice in ((2, 1), (1, 0)):
-        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
-        try:
-            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
-        finally:
-            _C._conv_forward_kernel(prev)
-            _C._conv_hopper_split(prev_split)
+    outs = wgmma_and_mma_sync(x, w, b, m, train, 1)
     assert outs[0][0].shape[-2:] == (h, w_), "the pooled plane is not the one the docstring describes"
     for a, ref in zip(*outs):
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
@@ -530,8 +528,6 @@ def test_wgmma_units_in_turn(forward_kernel, prec, train, tf32_setting):
     bit, with an infinite and a NaN input."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
-    from torch_fused_ops import _C
-
     tf32_setting(True)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[prec]
     n, cin, cout, d, h, w_ = 8, 16, 32, 16, 36, 32
@@ -543,14 +539,7 @@ def test_wgmma_units_in_turn(forward_kernel, prec, train, tf32_setting):
     w = (torch.randn(cin, cout, 3, 3, 3, device="cuda", generator=g) / (cin * 27) ** 0.5).to(dt)
     b = torch.randn(cout, device="cuda", generator=g).to(dt)
     m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
-    outs = []
-    for choice, split_choice in ((2, 1), (1, 0)):
-        prev, prev_split = _C._conv_forward_kernel(choice), _C._conv_hopper_split(split_choice)
-        try:
-            outs.append(fused(x, w, b, m, 0.2, 0.3, (1, 1, 1), train))
-        finally:
-            _C._conv_forward_kernel(prev)
-            _C._conv_hopper_split(prev_split)
+    outs = wgmma_and_mma_sync(x, w, b, m, train, 1)
     assert outs[0][0].shape == (n, cout, d, h, w_), "the pooled shape is not the one the docstring describes"
     for a, ref in zip(*outs):
         torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)

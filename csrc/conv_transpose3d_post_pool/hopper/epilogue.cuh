@@ -299,6 +299,13 @@ __device__ __forceinline__ void store_out_rows2(const Params& p, const float (&b
   store_paired16(p, static_cast<uint16_t*>(p.out), reinterpret_cast<const uint4*>(rows), base, u, warp, a);
 }
 
+// One channel's offsets read back from a transposed byte-pair matrix (16 bytes: 8 columns, each column's row 0 byte
+// then its row 1 byte) as row h's 8 column bytes.
+__device__ __forceinline__ uint2 offset_row(const uint4& o, int h) {
+  const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
+  return make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+}
+
 // The TF32 forms' float32 rows (store_rows32): the thread's 16 values into [2 rows][32 channels][8 columns], 32
 // bytes a channel's row, logical row R (= 32 x row + channel) at row R ^ ((R >> 2) & 1): with that swap the warp's 32
 // stores of one register meet 32 distinct banks (rows 2 t + e of the four t fall in four different groups of 8 banks).
@@ -361,9 +368,8 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
                           static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
     *reinterpret_cast<uint2*>(p.off + col_off + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
-        make_uint2(__byte_perm(qf.x, qf.y, s), __byte_perm(qf.z, qf.w, s));
+        offset_row(qf, h);
   }
 }
 
@@ -421,9 +427,7 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
                       static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
-    *reinterpret_cast<uint2*>(p.off + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) =
-        make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+    *reinterpret_cast<uint2*>(p.off + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) = offset_row(o, h);
   }
   if (mt != kMTiles - 1) return;
   fence_proxy_async();  // this thread's share of the stmatrix writes, visible to the engine's reads
@@ -644,8 +648,7 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
     const int64_t e = col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + e) = r[h * kCoBlock];
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.sel) + e) = r[(2 + h) * kCoBlock];
-    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
-    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o.x, o.y, s), __byte_perm(o.z, o.w, s));
+    *reinterpret_cast<uint2*>(p.off + e) = offset_row(o, h);
   }
 }
 
@@ -681,16 +684,15 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
   const int64_t col_off = base + static_cast<int64_t>(a.co0 + lane) * p.so[1];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint32_t s = h == 0 ? 0x6420u : 0x7531u;  // row h's byte of each column
     const int64_t e = col_off + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
-    *reinterpret_cast<uint2*>(p.off + e) = make_uint2(__byte_perm(o0.x, o0.y, s), __byte_perm(o0.z, o0.w, s));
-    *reinterpret_cast<uint2*>(p.off + e + 8) = make_uint2(__byte_perm(o1.x, o1.y, s), __byte_perm(o1.z, o1.w, s));
+    *reinterpret_cast<uint2*>(p.off + e) = offset_row(o0, h);
+    *reinterpret_cast<uint2*>(p.off + e + 8) = offset_row(o1, h);
   }
 }
 
-// A 16-bit training tile's selection, pair by pair (each pair's phases dead after it), then its stores: two whole
-// tiles together through the warp's rows (store_pair_rows2), a whole tile alone through them (store_pair_rows),
-// others element by element.
+// A 16-bit training tile's selection (select_tile_pairs), then its stores: a whole unit's tiles through the consumer's
+// unit rows and the bulk copies (store_unit_rows, where unit is given), two whole tiles together through the warp's
+// rows (store_pair_rows2), a whole tile alone through them (store_pair_rows), others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,
                                             int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows,
