@@ -443,8 +443,58 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
   }
 }
 
+// The mixed training form's whole tile through the warp's rows (L::kOutRowsBytes), where p.out_rows: its float32
+// outputs as store_rows32 stores them (lanes 2k and 2k + 1 a channel row's whole 32-byte sector), its selected values
+// (the 16-bit y) by two transposing stmatrix as store_out_rows stores 16-bit outputs, its offsets as byte pairs by
+// one; 8 vector stores a lane where the scalar form takes 48 a thread, each with its 64-bit address.
+template <Mode M>
+__device__ __forceinline__ void store_rows_mixed(const Params& p, const float (&best)[16], const float (&sel)[16],
+                                                 const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u,
+                                                 int mt, int warp, int g, int t, const EpilogueArgs& a) {
+  using T = typename ModeTraits<M>::io_t;
+  constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;  // [2 rows][32 channels][8 columns] of float32
+  constexpr int kSelRowBytes = kCoBlock * 16;        // one row's 32 channels of 8 16-bit columns
+  constexpr int kOffAt = kValueBytes + 2 * kSelRowBytes;
+  static_assert(Layout<M, 1>::kOutRowsBytes >= kOffAt + kCoBlock * 16, "the warp's rows");
+  const int lane = threadIdx.x & 31;
+  uint32_t pk[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(sel[2 * pr], sel[2 * pr + 1]);  // exact: y is 16-bit
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+  put_rows32(rows, best, g, t);
+  const uint32_t sel_at = smem_addr(rows + kValueBytes) + 16 * lane;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) stmatrix_x4_trans(sel_at + h * kSelRowBytes, pk[h], pk[2 + h], pk[4 + h], pk[6 + h]);
+  stmatrix_x4_trans(smem_addr(rows + kOffAt) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
+  __syncwarp();
+  uint4 qo[4];
+  get_rows32(rows, lane, qo);
+  const uint4* const qs = reinterpret_cast<const uint4*>(rows + kValueBytes);
+  const uint4 qf = reinterpret_cast<const uint4*>(rows + kOffAt)[lane];
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                      (u.qw0 + 8 * mt + 4 * (lane & 1));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t e = col + static_cast<int64_t>(a.co0 + 16 * (i & 1) + (lane >> 1)) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + (i >> 1)) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<float*>(p.out) + e) = qo[i];
+  }
+  const int64_t col_ch = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                         static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t e = col_ch + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.sel) + e) = qs[h * kCoBlock + lane];
+    *reinterpret_cast<uint2*>(p.off + e) = offset_row(qf, h);
+  }
+}
+
 // One m64 tile's pooled outputs from its accumulators, then their stores (rows: the warp's rows for
-// store_out_rows in the 16-bit-output inference forms and store_rows32 in the TF32 training form, else unused).
+// store_out_rows in the 16-bit-output inference forms, store_rows32 in the TF32 training form and store_rows_mixed in
+// the mixed one, else unused).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
@@ -466,6 +516,11 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   } else if constexpr (M == Mode::kTF32 && TRAIN) {
     if (p.out_rows && tile_is_whole(p, u, mt, a)) {
       store_rows32(p, best, sel, off, rows, u, mt, warp, g, t, a);
+      return;
+    }
+  } else if constexpr (TRAIN && MIXED) {
+    if (p.out_rows && tile_is_whole(p, u, mt, a)) {
+      store_rows_mixed<M>(p, best, sel, off, rows, u, mt, warp, g, t, a);
       return;
     }
   } else {
