@@ -395,13 +395,13 @@ __device__ __forceinline__ void offset_pairs(const uint32_t (&off)[8], uint32_t 
 
 // A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes) and out by the bulk copy
 // engine: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel in place (outputs and
-// selected values; a tile's offsets go out through the warp's rows as store_pair_rows stores them), and after the
-// unit's last tile the warpgroup hands each channel's 512 bytes of each tensor to the engine, one copy a lane (16 lanes
-// of each warp: a copy takes warp-uniform operands, so the warp issues its lanes' copies one after another). So the
-// consumer's global stores of those tensors neither compute addresses per tile nor hold registers until the memory
-// system takes them (long-scoreboard stalls on the stores' operands took 20 % of the bf16 training form's samples:
-// Nsight Compute on an H100). For whole units whose rows are kTW apart only (kernel.cuh); every thread of the
-// warpgroup calls it for each of the unit's tiles in order.
+// selected values; a tile's offsets go through the warp's rows as store_pair_rows transposes them, then into the unit
+// rows), and after the unit's last tile the warpgroup hands each channel's rows of each tensor to the engine (512
+// bytes, 256 of offsets), one copy a lane (24 lanes of each warp: a copy takes warp-uniform operands, so the warp
+// issues its lanes' copies one after another). So the consumer makes no global stores per tile: none computes an
+// address or holds registers until the memory system takes them (long-scoreboard stalls on the stores' operands took
+// 20 % of the bf16 training form's samples: Nsight Compute on an H100). For whole units whose rows are kTW apart only
+// (kernel.cuh); every thread of the warpgroup calls it for each of the unit's tiles in order.
 template <Mode M>
 __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
                                                 const uint32_t (&off)[8], uint8_t* unit, uint8_t* rows,
@@ -423,22 +423,26 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
   stmatrix_x4_trans(smem_addr(rows) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
   __syncwarp();
   const uint4 o = reinterpret_cast<const uint4*>(rows)[lane];
-  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
-                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+  // Channel lane's offset rows: 8 columns of each of the warp's 2 rows.
+  uint8_t* const off_rows = unit + 2 * kUnitTensorBytes + lane * kUnitOffChannelBytes + 2 * warp * kTW + 8 * mt;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    *reinterpret_cast<uint2*>(p.off + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) = offset_row(o, h);
+    *reinterpret_cast<uint2*>(off_rows + h * kTW) = offset_row(o, h);
   }
   if (mt != kMTiles - 1) return;
-  fence_proxy_async();  // this thread's share of the stmatrix writes, visible to the engine's reads
+  fence_proxy_async();  // this thread's share of the unit rows' writes, visible to the engine's reads
   warpgroup_sync(wg);   // the unit's rows, every warp's, in place
-  constexpr int kPerWarp = 2 * kCoBlock / 4;  // one copy per tensor and channel
+  constexpr int kPerWarp = 3 * kCoBlock / 4;  // one copy per tensor and channel
   if (lane < kPerWarp) {
     const int k = kPerWarp * warp + lane, tensor = k / kCoBlock, ch = k % kCoBlock;
     const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
                       static_cast<int64_t>(u.qd0) * p.so[2] + static_cast<int64_t>(u.qh0) * p.so[3] + u.qw0;
-    uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
-    bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
+    if (tensor < 2) {
+      uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
+      bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
+    } else {
+      bulk_copy_to_global(p.off + e, base + 2 * kUnitTensorBytes + ch * kUnitOffChannelBytes, kTH * kTW);
+    }
     bulk_commit();
   }
 }

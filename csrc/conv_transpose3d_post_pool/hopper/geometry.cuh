@@ -79,14 +79,16 @@ static_assert(run(0).shift == 0 && run(1).shift == 0 && run(2).shift == 0 && run
                   run(0).slots + run(1).slots + run(2).slots == 8,
               "shift 0's runs come first and cover every slot");
 
-// A whole unit's 16-bit rows per consumer (store_unit_rows, epilogue.cuh): per tensor (the outputs, then the
-// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a
-// channel's 512 bytes are contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes
-// apart (16 of padding: the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks).
+// A whole unit's rows per consumer (store_unit_rows, epilogue.cuh): per 16-bit tensor (the outputs, then the
+// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a channel's 512 bytes are
+// contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes apart (16 of padding:
+// the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks); then the offsets, a byte each,
+// 32 channels of kTH x kTW bytes, 272 apart (16-byte aligned for the bulk copies).
 constexpr int kUnitRowBytes = kTW * 2;
 constexpr int kUnitChannelBytes = kTH * kUnitRowBytes + 16;
 constexpr int kUnitTensorBytes = kCoBlock * kUnitChannelBytes;
-constexpr int kUnitBytes = 2 * kUnitTensorBytes;
+constexpr int kUnitOffChannelBytes = kTH * kTW + 16;
+constexpr int kUnitBytes = 2 * kUnitTensorBytes + kCoBlock * kUnitOffChannelBytes;
 
 // Operand sizes for precision M with KS k-steps (8 TF32 or 16 16-bit channels each). Both operands are K-major
 // without swizzling: a "chunk" is 16 bytes of consecutive channels (4 float32 or 8 16-bit) of one row (position or
