@@ -237,6 +237,7 @@ __device__ __forceinline__ void store_out_rows(const Params& p, const float (&be
                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
   using T = typename ModeTraits<M>::io_t;
   constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
+  static_assert(out_rows_bytes(M, false, false) >= 2 * kRowBytes, "the warp's rows");
   uint32_t pk[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
@@ -283,7 +284,7 @@ template <Mode M>
 __device__ __forceinline__ void store_out_rows2(const Params& p, const float (&best)[16], uint8_t* rows,
                                                 const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 2 * kRowBytes, "the warp's paired rows");
+  static_assert(out_rows_bytes(M, false, false) >= 2 * kRowBytes, "the warp's paired rows");
   uint32_t pk[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
@@ -337,7 +338,7 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
                                              const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u, int mt,
                                              int warp, int g, int t, const EpilogueArgs& a) {
   constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;
-  static_assert(Layout<Mode::kTF32, 1>::kOutRowsBytes >= kValueBytes + kCoBlock * 16, "the warp's rows");
+  static_assert(out_rows_bytes(Mode::kTF32, true, false) >= kValueBytes + kCoBlock * 16, "the warp's rows");
   const int lane = threadIdx.x & 31;
   uint4 qo[4], qs[4];
   __syncwarp();  // the warp's reads of the previous tile's rows are done
@@ -689,7 +690,7 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
                                                 const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
                                                 int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
+  static_assert(out_rows_bytes(M, true, false) >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
   const int lane = threadIdx.x & 31;
   const uint32_t base = smem_addr(rows) + 16 * lane;
   uint32_t ob[4];
@@ -723,7 +724,7 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
                                                  const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
                                                  int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's paired rows");
+  static_assert(out_rows_bytes(M, true, false) >= 5 * kRowBytes, "the warp's paired rows");
   const int lane = threadIdx.x & 31, q = mt & 1;
   const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
   uint32_t ob[4];

@@ -152,7 +152,7 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
-  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>, out_rows_bytes(M, TRAIN, MIXED)>;
   static_assert(L::kStages == Layout<M, KS>::kStages, "the unit rows leave the stage ring as RawWeights sees it");
   using Out = OutputTraits<M, MIXED>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 void launch_hopper_one(const Params& p0, cudaStream_t stream) {
-  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>, out_rows_bytes(M, TRAIN, MIXED)>;
   auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, CAST>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
