@@ -460,7 +460,7 @@ __device__ __forceinline__ void store_rows_mixed(const Params& p, const float (&
   constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;  // [2 rows][32 channels][8 columns] of float32
   constexpr int kSelRowBytes = kCoBlock * 16;        // one row's 32 channels of 8 16-bit columns
   constexpr int kOffAt = kValueBytes + 2 * kSelRowBytes;
-  static_assert(Layout<M, 1>::kOutRowsBytes >= kOffAt + kCoBlock * 16, "the warp's rows");
+  static_assert(out_rows_bytes(M, true, true) >= kOffAt + kCoBlock * 16, "the warp's rows");
   const int lane = threadIdx.x & 31;
   uint32_t pk[8];
 #pragma unroll

@@ -94,11 +94,13 @@ constexpr int kUnitBytes = 2 * kUnitTensorBytes + kCoBlock * kUnitOffChannelByte
 // (epilogue.cuh): the 16-bit training forms two tiles' outputs, the same of selected values, then 32 channels x 16
 // columns x 2 rows of offset bytes (store_pair_rows2); the 16-bit inference forms two tiles' outputs (store_out_rows2,
 // [2 rows][32 channels][2 halves][16 bytes]); the TF32 training form one tile's float32 values, then its offset bytes
-// (store_rows32). The others store element by element and hold none: shared memory a form does not use only takes
+// (store_rows32); the mixed training form one tile's float32 outputs, its 16-bit selected values and its offset bytes
+// (store_rows_mixed). The others store element by element and hold none: shared memory a form does not use only takes
 // from the L1 cache, which shares the multiprocessor's 256 KB with it (the driver sizes the split to the block's
 // shared memory).
 __host__ __device__ constexpr int out_rows_bytes(Mode m, bool train, bool mixed) {
-  if (m == Mode::kStrict || mixed) return 0;
+  if (mixed) return train ? 2 * kCoBlock * 8 * 4 + 3 * kCoBlock * 16 : 0;
+  if (m == Mode::kStrict) return 0;
   if (m == Mode::kTF32) return train ? 5 * kCoBlock * 16 : 0;
   return train ? 5 * kCoBlock * 32 : 2 * kCoBlock * 32;
 }
