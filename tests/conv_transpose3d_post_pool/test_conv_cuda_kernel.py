@@ -483,7 +483,7 @@ def test_wgmma_work_split(forward_kernel, prec, train, split, shape, tf32_settin
             torch.testing.assert_close(a, ref, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("prec", ["tf32", "bf16", "fp16", "mixed"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 16, 40), (1, 2, 8, 48), (2, 3, 16, 32)],
                          ids=["pooled_w40", "pooled_w48", "pooled_w32"])
@@ -495,11 +495,12 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
     element past the edge; W 48 pairs the second unit's first two tiles and leaves the rest. Each against the
     mma.sync kernel bit for bit, with an infinite and a NaN input. With pooled W 32 (rows 32 apart) the 16-bit forms
     store whole units through the bulk copy engine, except in a block that recomputes its far edge (an infinite
-    weight: channel block 32..63 here), whose rewrites must follow its stores."""
+    weight: channel block 32..63 here), whose rewrites must follow its stores. The mixed training form (bf16
+    operands, a float32 multiplier) stores float32 outputs, 16-bit selected values and offsets through its rows."""
     if forward_kernel != "wgmma":
         pytest.skip("compares the kernels once, under the wgmma parameter")
     tf32_setting(True)
-    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    dt = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "mixed": torch.bfloat16}[prec]
     cin, cout = 16, 64
     n, d, h, w_ = shape
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -511,7 +512,8 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
     if inf_weight:
         w[3, 35, 2, 1, 2] = float("-inf")
     b = torch.randn(cout, device="cuda", generator=g).to(dt)
-    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g).to(dt)
+    m = torch.randn(cout, 1, 1, 1, device="cuda", generator=g)
+    m = m if prec == "mixed" else m.to(dt)
     outs = wgmma_and_mma_sync(x, w, b, m, train, 1)
     assert outs[0][0].shape[-2:] == (h, w_), "the pooled plane is not the one the docstring describes"
     for a, ref in zip(*outs):

@@ -237,6 +237,7 @@ __device__ __forceinline__ void store_out_rows(const Params& p, const float (&be
                                                const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
   using T = typename ModeTraits<M>::io_t;
   constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
+  static_assert(out_rows_bytes(M, false, false) >= 2 * kRowBytes, "the warp's rows");
   uint32_t pk[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
@@ -283,7 +284,7 @@ template <Mode M>
 __device__ __forceinline__ void store_out_rows2(const Params& p, const float (&best)[16], uint8_t* rows,
                                                 const TileOrigin& u, int mt, int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 2 * kRowBytes, "the warp's paired rows");
+  static_assert(out_rows_bytes(M, false, false) >= 2 * kRowBytes, "the warp's paired rows");
   uint32_t pk[8];
 #pragma unroll
   for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(best[2 * pr], best[2 * pr + 1]);
@@ -337,7 +338,7 @@ __device__ __forceinline__ void store_rows32(const Params& p, const float (&best
                                              const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u, int mt,
                                              int warp, int g, int t, const EpilogueArgs& a) {
   constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;
-  static_assert(Layout<Mode::kTF32, 1>::kOutRowsBytes >= kValueBytes + kCoBlock * 16, "the warp's rows");
+  static_assert(out_rows_bytes(Mode::kTF32, true, false) >= kValueBytes + kCoBlock * 16, "the warp's rows");
   const int lane = threadIdx.x & 31;
   uint4 qo[4], qs[4];
   __syncwarp();  // the warp's reads of the previous tile's rows are done
@@ -395,13 +396,13 @@ __device__ __forceinline__ void offset_pairs(const uint32_t (&off)[8], uint32_t 
 
 // A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes) and out by the bulk copy
 // engine: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel in place (outputs and
-// selected values; a tile's offsets go out through the warp's rows as store_pair_rows stores them), and after the
-// unit's last tile the warpgroup hands each channel's 512 bytes of each tensor to the engine, one copy a lane (16 lanes
-// of each warp: a copy takes warp-uniform operands, so the warp issues its lanes' copies one after another). So the
-// consumer's global stores of those tensors neither compute addresses per tile nor hold registers until the memory
-// system takes them (long-scoreboard stalls on the stores' operands took 20 % of the bf16 training form's samples:
-// Nsight Compute on an H100). For whole units whose rows are kTW apart only (kernel.cuh); every thread of the
-// warpgroup calls it for each of the unit's tiles in order.
+// selected values; a tile's offsets go through the warp's rows as store_pair_rows transposes them, then into the unit
+// rows), and after the unit's last tile the warpgroup hands each channel's rows of each tensor to the engine (512
+// bytes, 256 of offsets), one copy a lane (24 lanes of each warp: a copy takes warp-uniform operands, so the warp
+// issues its lanes' copies one after another). So the consumer makes no global stores per tile: none computes an
+// address or holds registers until the memory system takes them (long-scoreboard stalls on the stores' operands took
+// 20 % of the bf16 training form's samples: Nsight Compute on an H100). For whole units whose rows are kTW apart only
+// (kernel.cuh); every thread of the warpgroup calls it for each of the unit's tiles in order.
 template <Mode M>
 __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
                                                 const uint32_t (&off)[8], uint8_t* unit, uint8_t* rows,
@@ -423,28 +424,82 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
   stmatrix_x4_trans(smem_addr(rows) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
   __syncwarp();
   const uint4 o = reinterpret_cast<const uint4*>(rows)[lane];
-  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
-                      static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+  // Channel lane's offset rows: 8 columns of each of the warp's 2 rows.
+  uint8_t* const off_rows = unit + 2 * kUnitTensorBytes + lane * kUnitOffChannelBytes + 2 * warp * kTW + 8 * mt;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    *reinterpret_cast<uint2*>(p.off + col + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3]) = offset_row(o, h);
+    *reinterpret_cast<uint2*>(off_rows + h * kTW) = offset_row(o, h);
   }
   if (mt != kMTiles - 1) return;
-  fence_proxy_async();  // this thread's share of the stmatrix writes, visible to the engine's reads
+  fence_proxy_async();  // this thread's share of the unit rows' writes, visible to the engine's reads
   warpgroup_sync(wg);   // the unit's rows, every warp's, in place
-  constexpr int kPerWarp = 2 * kCoBlock / 4;  // one copy per tensor and channel
+  constexpr int kPerWarp = 3 * kCoBlock / 4;  // one copy per tensor and channel
   if (lane < kPerWarp) {
     const int k = kPerWarp * warp + lane, tensor = k / kCoBlock, ch = k % kCoBlock;
     const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
                       static_cast<int64_t>(u.qd0) * p.so[2] + static_cast<int64_t>(u.qh0) * p.so[3] + u.qw0;
-    uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
-    bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
+    if (tensor < 2) {
+      uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
+      bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
+    } else {
+      bulk_copy_to_global(p.off + e, base + 2 * kUnitTensorBytes + ch * kUnitOffChannelBytes, kTH * kTW);
+    }
     bulk_commit();
   }
 }
 
+// The mixed training form's whole tile through the warp's rows (L::kOutRowsBytes), where p.out_rows: its float32
+// outputs as store_rows32 stores them (lanes 2k and 2k + 1 a channel row's whole 32-byte sector), its selected values
+// (the 16-bit y) by two transposing stmatrix as store_out_rows stores 16-bit outputs, its offsets as byte pairs by
+// one; 8 vector stores a lane where the scalar form takes 48 a thread, each with its 64-bit address.
+template <Mode M>
+__device__ __forceinline__ void store_rows_mixed(const Params& p, const float (&best)[16], const float (&sel)[16],
+                                                 const uint32_t (&off)[16], uint8_t* rows, const TileOrigin& u,
+                                                 int mt, int warp, int g, int t, const EpilogueArgs& a) {
+  using T = typename ModeTraits<M>::io_t;
+  constexpr int kValueBytes = 2 * kCoBlock * 8 * 4;  // [2 rows][32 channels][8 columns] of float32
+  constexpr int kSelRowBytes = kCoBlock * 16;        // one row's 32 channels of 8 16-bit columns
+  constexpr int kOffAt = kValueBytes + 2 * kSelRowBytes;
+  static_assert(out_rows_bytes(M, true, true) >= kOffAt + kCoBlock * 16, "the warp's rows");
+  const int lane = threadIdx.x & 31;
+  uint32_t pk[8];
+#pragma unroll
+  for (int pr = 0; pr < 8; ++pr) pk[pr] = Pair16<M>::round(sel[2 * pr], sel[2 * pr + 1]);  // exact: y is 16-bit
+  uint32_t ob[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = off[4 * j] | off[4 * j + 2] << 8 | off[4 * j + 1] << 16 | off[4 * j + 3] << 24;
+  __syncwarp();  // the warp's reads of the previous tile's rows are done
+  put_rows32(rows, best, g, t);
+  const uint32_t sel_at = smem_addr(rows + kValueBytes) + 16 * lane;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) stmatrix_x4_trans(sel_at + h * kSelRowBytes, pk[h], pk[2 + h], pk[4 + h], pk[6 + h]);
+  stmatrix_x4_trans(smem_addr(rows + kOffAt) + 16 * lane, ob[0], ob[1], ob[2], ob[3]);
+  __syncwarp();
+  uint4 qo[4];
+  get_rows32(rows, lane, qo);
+  const uint4* const qs = reinterpret_cast<const uint4*>(rows + kValueBytes);
+  const uint4 qf = reinterpret_cast<const uint4*>(rows + kOffAt)[lane];
+  const int64_t col = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(u.qd0) * p.so[2] +
+                      (u.qw0 + 8 * mt + 4 * (lane & 1));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t e = col + static_cast<int64_t>(a.co0 + 16 * (i & 1) + (lane >> 1)) * p.so[1] +
+                      static_cast<int64_t>(u.qh0 + 2 * warp + (i >> 1)) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<float*>(p.out) + e) = qo[i];
+  }
+  const int64_t col_ch = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + lane) * p.so[1] +
+                         static_cast<int64_t>(u.qd0) * p.so[2] + (u.qw0 + 8 * mt);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t e = col_ch + static_cast<int64_t>(u.qh0 + 2 * warp + h) * p.so[3];
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.sel) + e) = qs[h * kCoBlock + lane];
+    *reinterpret_cast<uint2*>(p.off + e) = offset_row(qf, h);
+  }
+}
+
 // One m64 tile's pooled outputs from its accumulators, then their stores (rows: the warp's rows for
-// store_out_rows in the 16-bit-output inference forms and store_rows32 in the TF32 training form, else unused).
+// store_out_rows in the 16-bit-output inference forms, store_rows32 in the TF32 training form and store_rows_mixed in
+// the mixed one, else unused).
 template <Mode M, bool TRAIN, bool MIXED>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8][16], const TileOrigin& u, int mt,
                                            int warp, int g, int t, const EpilogueArgs& a, uint8_t* rows) {
@@ -466,6 +521,11 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[8
   } else if constexpr (M == Mode::kTF32 && TRAIN) {
     if (p.out_rows && tile_is_whole(p, u, mt, a)) {
       store_rows32(p, best, sel, off, rows, u, mt, warp, g, t, a);
+      return;
+    }
+  } else if constexpr (TRAIN && MIXED) {
+    if (p.out_rows && tile_is_whole(p, u, mt, a)) {
+      store_rows_mixed<M>(p, best, sel, off, rows, u, mt, warp, g, t, a);
       return;
     }
   } else {
@@ -630,7 +690,7 @@ __device__ __forceinline__ void store_pair_rows(const Params& p, const uint32_t 
                                                 const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
                                                 int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 16;  // one pooled row's 32 channels of 8 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
+  static_assert(out_rows_bytes(M, true, false) >= 5 * kRowBytes, "the warp's rows: outputs, selected values, offsets");
   const int lane = threadIdx.x & 31;
   const uint32_t base = smem_addr(rows) + 16 * lane;
   uint32_t ob[4];
@@ -664,7 +724,7 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
                                                  const uint32_t (&off)[8], uint8_t* rows, const TileOrigin& u, int mt,
                                                  int warp, const EpilogueArgs& a) {
   constexpr int kRowBytes = kCoBlock * 32;  // one pooled row's 32 channels of 16 columns
-  static_assert(Layout<M, 1>::kOutRowsBytes >= 5 * kRowBytes, "the warp's paired rows");
+  static_assert(out_rows_bytes(M, true, false) >= 5 * kRowBytes, "the warp's paired rows");
   const int lane = threadIdx.x & 31, q = mt & 1;
   const uint32_t at = smem_addr(rows) + 32 * lane + 16 * pair_half(lane, q);
   uint32_t ob[4];

@@ -79,21 +79,41 @@ static_assert(run(0).shift == 0 && run(1).shift == 0 && run(2).shift == 0 && run
                   run(0).slots + run(1).slots + run(2).slots == 8,
               "shift 0's runs come first and cover every slot");
 
-// A whole unit's 16-bit rows per consumer (store_unit_rows, epilogue.cuh): per tensor (the outputs, then the
-// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a
-// channel's 512 bytes are contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes
-// apart (16 of padding: the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks).
+// A whole unit's rows per consumer (store_unit_rows, epilogue.cuh): per 16-bit tensor (the outputs, then the
+// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a channel's 512 bytes are
+// contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes apart (16 of padding:
+// the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks); then the offsets, a byte each,
+// 32 channels of kTH x kTW bytes, 272 apart (16-byte aligned for the bulk copies).
 constexpr int kUnitRowBytes = kTW * 2;
 constexpr int kUnitChannelBytes = kTH * kUnitRowBytes + 16;
 constexpr int kUnitTensorBytes = kCoBlock * kUnitChannelBytes;
-constexpr int kUnitBytes = 2 * kUnitTensorBytes;
+constexpr int kUnitOffChannelBytes = kTH * kTW + 16;
+constexpr int kUnitBytes = 2 * kUnitTensorBytes + kCoBlock * kUnitOffChannelBytes;
+
+// The output rows per consumer warp through which form (TRAIN, MIXED) of precision m stores whole tiles
+// (epilogue.cuh): the 16-bit training forms two tiles' outputs, the same of selected values, then 32 channels x 16
+// columns x 2 rows of offset bytes (store_pair_rows2); the 16-bit inference forms two tiles' outputs (store_out_rows2,
+// [2 rows][32 channels][2 halves][16 bytes]); the TF32 training form one tile's float32 values, then its offset bytes
+// (store_rows32); the mixed training form one tile's float32 outputs, its 16-bit selected values and its offset bytes
+// (store_rows_mixed). The others store element by element and hold none: shared memory a form does not use only takes
+// from the L1 cache, which shares the multiprocessor's 256 KB with it (the driver sizes the split to the block's
+// shared memory).
+__host__ __device__ constexpr int out_rows_bytes(Mode m, bool train, bool mixed) {
+  if (mixed) return train ? 2 * kCoBlock * 8 * 4 + 3 * kCoBlock * 16 : 0;
+  if (m == Mode::kStrict) return 0;
+  if (m == Mode::kTF32) return train ? 5 * kCoBlock * 16 : 0;
+  return train ? 5 * kCoBlock * 32 : 2 * kCoBlock * 32;
+}
 
 // Operand sizes for precision M with KS k-steps (8 TF32 or 16 16-bit channels each). Both operands are K-major
 // without swizzling: a "chunk" is 16 bytes of consecutive channels (4 float32 or 8 16-bit) of one row (position or
 // column), and a core matrix is 8 rows of one chunk, 128 contiguous bytes. UNIT: the consumers' unit rows too (the
 // 16-bit training forms' store_unit_rows); the inference forms go without them, whose shared memory is then smaller and
 // leaves the L1 cache more room (the cast form reads its float32 operands through it: 41 -> 51 us with them, H100).
-template <Mode M, int KS, bool UNIT = false>
+//
+// OUT_ROWS: the output rows per consumer warp of the instantiation's form (out_rows_bytes); by default the largest of
+// M's forms, as sizes are checked against (epilogue.cuh).
+template <Mode M, int KS, bool UNIT = false, int OUT_ROWS = out_rows_bytes(M, true, false)>
 struct Layout {
   static constexpr int kChunkElems = ModeTraits<M>::kHalf ? 8 : 4;
   static constexpr int kChunks = 2 * KS;  // a k-step is two chunks
@@ -107,12 +127,7 @@ struct Layout {
   static constexpr int kBBytes = (M == Mode::kStrict ? 2 : 1) * kBCopyBytes;
   static constexpr int kParamBytes = 3 * kCoBlock * 4;  // multipliers, biases, the selection's biases
   static constexpr int kTapTableBytes = 27 * 8;         // stage_weights_tf32's per-tap B offsets
-  // The output rows per consumer warp (epilogue.cuh): in the 16-bit forms 2 pooled rows x 32 channels x 8 columns of
-  // 2 bytes (store_out_rows, inference), in the training form two tiles' of outputs, the same of selected values,
-  // then 32 channels x 16 columns x 2 rows of offset bytes (store_pair_rows2); in the TF32 forms one tile's of 4
-  // bytes, then its offset bytes (store_rows32). Not strict float32, whose B copies leave room for fewer stages.
-  static constexpr int kOutRowsBytes =
-      M == Mode::kStrict ? 0 : (ModeTraits<M>::kHalf ? 5 * kCoBlock * 32 : 5 * kCoBlock * 16);
+  static constexpr int kOutRowsBytes = OUT_ROWS;
   // The consumers' unit rows (kUnitBytes each).
   static_assert(!UNIT || ModeTraits<M>::kHalf, "unit rows hold 16-bit values");
   static constexpr int kUnitScratchBytes = UNIT ? kConsumers * kUnitBytes : 0;

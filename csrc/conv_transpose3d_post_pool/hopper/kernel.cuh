@@ -152,7 +152,7 @@ __device__ __forceinline__ void tile_products(float (&acc)[8][16], uint32_t a_st
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper_kernel(const __grid_constant__ Params p) {
 #if defined(FUSED_WGMMA_ENABLED)
-  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>, out_rows_bytes(M, TRAIN, MIXED)>;
   static_assert(L::kStages == Layout<M, KS>::kStages, "the unit rows leave the stage ring as RawWeights sees it");
   using Out = OutputTraits<M, MIXED>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -323,6 +323,11 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int64_t items = work_items(p);
   uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_rows32)
   uint8_t* const unit_rows = sUnit + c * kUnitBytes;                    // this consumer's (store_unit_rows)
+  // The launch's share of unit_bulk below: the rows kTW apart, and every unit's rows 16-byte aligned in each tensor
+  // (out_rows' strides of 8 elements are 16 bytes of a 16-bit tensor; the offsets, a byte each, need 16).
+  const bool unit_rows_ok = kUnitBulk<M, TRAIN, MIXED> && !CAST && p.out_rows && p.so[3] == kTW && !p.halves &&
+                            !fix_edges && p.so[0] % 16 == 0 && p.so[1] % 16 == 0 && p.so[2] % 16 == 0 &&
+                            reinterpret_cast<uintptr_t>(p.off) % 16 == 0;
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -343,8 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     // The item's tiles as one whole unit through the bulk copy engine: this consumer takes all of its tiles, the last
     // one (and so every one) whole, rows aligned and kTW apart (a channel's unit rows contiguous), and no far-edge
     // fix rewriting outputs after them.
-    const bool unit_bulk = kUnitBulk<M, TRAIN, MIXED> && !CAST && p.out_rows && p.so[3] == kTW && !p.halves &&
-                           !fix_edges && tile_is_whole(p, u, kMTiles - 1, args);
+    const bool unit_bulk = unit_rows_ok && tile_is_whole(p, u, kMTiles - 1, args);
 #pragma unroll 1
     for (int i = 0; i < item_tiles; ++i) {
       const int mt = mt0 + i;
@@ -388,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
 
 template <Mode M, int KS, bool TRAIN, bool MIXED, bool CAST>
 void launch_hopper_one(const Params& p0, cudaStream_t stream) {
-  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>>;
+  using L = Layout<M, KS, kUnitBulk<M, TRAIN, MIXED>, out_rows_bytes(M, TRAIN, MIXED)>;
   auto kernel = conv_transpose3d_post_pool_hopper_kernel<M, KS, TRAIN, MIXED, CAST>;
   static DynamicSmemLimit smem_limit;
   const int device = current_cuda_device();
