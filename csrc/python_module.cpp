@@ -6,6 +6,7 @@
 // (autograd, autocast, Python dispatch modes) still applies. Anything else makes them return None, and the
 // wrapper takes its Python path, which validates and raises. The wrappers call them only outside Dynamo's tracing
 // and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
+#include "compiled_calls.h"
 #include "conv_transpose3d_post_pool/contract.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -249,6 +250,10 @@ PyMethodDef kMethods[] = {
      METH_FASTCALL, "fused::conv_transpose3d_post_pool from the wrapper's plain arguments, or None"},
     {"post_pool", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&post_pool)), METH_FASTCALL,
      "fused::post_pool from the wrapper's plain arguments, or None"},
+    {"_register_compiled_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&register_compiled_op)),
+     METH_FASTCALL, "the id _call_compiled_op takes for fused::name.overload, or None where it cannot read its kinds"},
+    {"_call_compiled_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_compiled_op)),
+     METH_FASTCALL, "an operator registered by _register_compiled_op from its plain positional arguments, or None"},
     {"_conv_forward_kernel", &conv_forward_kernel, METH_O,
      "sets the fused convolution's forward kernel (0 auto, 1 mma.sync, 2 wgmma) and returns the previous choice"},
     {"_conv_hopper_split", &conv_hopper_split_py, METH_O,

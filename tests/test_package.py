@@ -47,6 +47,7 @@ def _literal_import(node):
 @pytest.mark.parametrize("name,values", [
     ("TORCH_FUSED_OPS_DISABLE", {None: False, "": False, "0": False, "1": True, "yes": True}),
     ("TORCH_FUSED_OPS_CPU_HUGE_PAGES", {None: True, "0": False, "1": True, "": True}),
+    ("TORCH_FUSED_OPS_COMPILED_CALLS", {None: True, "0": False, "1": True, "": True}),
 ])
 def test_envs_parse_each_variable_as_documented(monkeypatch, name, values):
     assert name in envs.environment_variables and f"``{name}``" in envs.__doc__

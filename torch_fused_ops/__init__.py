@@ -37,6 +37,11 @@ from .compile.explain import explain  # noqa: E402
 # The CPU kernels' huge-page advice, from the environment, once per process.
 torch.ops.fused._set_cpu_huge_pages(envs.TORCH_FUSED_OPS_CPU_HUGE_PAGES)
 
+# Inductor's generated code calls our operators through their typed entry point (compile/extern_calls.py).
+from .compile import extern_calls as _extern_calls  # noqa: E402
+
+_extern_calls.install()
+
 __all__ = [
     "post_pool", "reference_post_pool", "conv_transpose3d_post_pool", "has_cuda_kernels", "enable", "disable", "is_enabled", "fusion_enabled",
     "matched_count", "PassConfig", "pass_config", "envs", "explain", "__version__",

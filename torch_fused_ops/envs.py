@@ -35,6 +35,12 @@ environment_variables: dict[str, Variable] = {
         "Any value other than empty or ``0`` set before ``import torch_fused_ops`` skips installing the Inductor "
         "pass (``torch_fused_ops.enable()`` still installs it later). Read once, at import.",
         _set_and_not_zero),
+    "TORCH_FUSED_OPS_COMPILED_CALLS": Variable(
+        "``1``",
+        "``0`` leaves the code Inductor generates calling our operators through ``torch.ops``; otherwise it calls "
+        "them through a typed entry point that skips torch.ops' per-call argument parsing "
+        "(``torch_fused_ops/compile/extern_calls.py``). Read once, at import.",
+        _not_zero),
     "TORCH_FUSED_OPS_CPU_HUGE_PAGES": Variable(
         "``1``",
         "``0`` stops the CPU kernels from asking Linux for transparent huge pages (``madvise``) on their own large "
@@ -61,6 +67,7 @@ BUILD_TIME_VARIABLES = tuple(build_time_variables)
 
 if TYPE_CHECKING:  # the attributes this module provides
     TORCH_FUSED_OPS_DISABLE: bool
+    TORCH_FUSED_OPS_COMPILED_CALLS: bool
     TORCH_FUSED_OPS_CPU_HUGE_PAGES: bool
 
 
