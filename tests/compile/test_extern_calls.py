@@ -78,11 +78,9 @@ def test_calls_equal_torch_ops(device):
     conv = (x, w, b, [2] * 3, [1] * 3, [1] * 3, 1, [1] * 3, m, 0.2, [2] * 3, [], [0] * 3, [1] * 3, False, None)
     pool = (y, m, 0.2, [2] * 3, [], 0, 1, False, 0.3)  # int[3] given as one int, as a schema default is written
     for name, args in (("conv_transpose3d_post_pool", conv), ("conv_transpose3d_post_pool_with_offsets", conv),
-                       ("_conv_transpose3d_post_pool_cast", conv[:3] + (torch.bfloat16,) + conv[3:]),
+                       ("_conv_transpose3d_post_pool_cast", conv[:3] + (torch.bfloat16,) + conv[3:]),  # a dtype
                        ("post_pool", pool), ("post_pool_with_offsets", pool),
                        ("post_pool_bias", (y, b) + pool[1:]), ("post_pool_bias_with_offsets", (y, b) + pool[1:])):
-        if name == "_conv_transpose3d_post_pool_cast" and device == "cpu":
-            continue  # a CUDA-only operator
         op = getattr(torch.ops.fused, name).default
         _equal(getattr(extern_calls, f"{name}_default")(*args), op(*args))
     # The backward operators, from the forward's saved tensors (int lists and a SymInt list of plain ints).
