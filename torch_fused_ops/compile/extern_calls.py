@@ -101,7 +101,13 @@ def _generate(node, writeline) -> None:
     if args is None:
         writeline(ExternKernelAllocLine(wrapper, node))
         return
-    wrapper.add_import_once(_IMPORT_LINE)
+    # A subgraph's wrapper (torch.cond's branches, invoke_subgraph) may leave its own imports out of the module:
+    # the import goes into the outermost wrapper's too.
+    root = wrapper
+    while getattr(root, "parent_wrapper", None) is not None:
+        root = root.parent_wrapper
+    for w in {id(wrapper): wrapper, id(root): root}.values():
+        w.add_import_once(_IMPORT_LINE)
     writeline(f"{wrapper.declare}{node.get_name()} = {MODULE_ALIAS}.{name}({', '.join(args)}){wrapper.ending}")
 
 
