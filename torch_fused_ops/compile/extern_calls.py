@@ -4,9 +4,10 @@ Inductor writes a call to an operator it does not lower as ``torch.ops.fused.<op
 overload call matches every Python argument against the schema each time: for the fused convolution's 16
 arguments about as long as the rest of its host path (docs/performance.md). Torch's Python wrapper consults a
 registry of custom code generation per operator (``CUSTOM_EXTERN_KERNEL_CODEGEN``, keyed by the name it would
-write); we register each of our operators there, so that the line becomes ``bufN = _fused_calls.<op>(...)``, a call
-of ``call`` below: the arguments go to ``torch_fused_ops._C._call_compiled_op`` (csrc/compiled_calls.cpp), which
-reads them by the schema's kinds, read once, and calls the operator boxed through the dispatcher (autograd,
+write); we register each of our operators there, so that the line becomes ``bufN =
+_fused_calls.<op>_<overload>(...)`` with every schema argument positional, a function of this module
+(``_make_call``): the arguments go to ``torch_fused_ops._C._call_compiled_op`` (csrc/compiled_calls.cpp), which
+reads them by the kinds it took from the schema once and calls the operator boxed through the dispatcher (autograd,
 autocast and Python modes apply as before). Where it cannot read an argument, under a ``__torch_function__`` mode,
 or when the wrapper is not the plain Python one (C++ wrapper, FX wrapper, profiling wrappers, intermediate hooks),
 the call is torch.ops' as before.
