@@ -7,6 +7,8 @@
 // Anything else makes it return None and the caller takes torch.ops' path, which validates and raises.
 #include "compiled_calls.h"
 
+#include "common/python_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
@@ -69,33 +71,6 @@ bool kind_of(const c10::Argument& a, Kind* out) {
   return true;
 }
 
-bool read_int(PyObject* o, int64_t* out) {
-  if (!PyLong_CheckExact(o)) return false;
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
-  *out = x;
-  return true;
-}
-
-bool read_double(PyObject* o, double* out) {
-  if (PyFloat_CheckExact(o)) {
-    *out = PyFloat_AS_DOUBLE(o);
-    return true;
-  }
-  if (!PyLong_CheckExact(o)) return false;
-  const double x = PyLong_AsDouble(o);
-  if (x == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  *out = x;
-  return true;
-}
-
 // One argument onto the stack; false where it is not of the plain form Inductor writes.
 bool push_argument(Kind kind, PyObject* o, torch::jit::Stack& stack) {
   switch (kind) {
@@ -145,10 +120,12 @@ bool push_argument(Kind kind, PyObject* o, torch::jit::Stack& stack) {
       stack.emplace_back(x);
       return true;
     }
-    case Kind::kBool:
-      if (o != Py_True && o != Py_False) return false;
-      stack.emplace_back(o == Py_True);
+    case Kind::kBool: {
+      bool x = false;
+      if (!read_bool(o, &x)) return false;
+      stack.emplace_back(x);
       return true;
+    }
     case Kind::kScalarType:
       if (!THPDtype_Check(o)) return false;
       stack.emplace_back(static_cast<int64_t>(reinterpret_cast<THPDtype*>(o)->scalar_type));

@@ -6,6 +6,7 @@
 // (autograd, autocast, Python dispatch modes) still applies. Anything else makes them return None, and the
 // wrapper takes its Python path, which validates and raises. The wrappers call them only outside Dynamo's tracing
 // and when no argument or mode overrides __torch_function__ (ops/post_pool.py, ops/conv_transpose3d_post_pool.py).
+#include "common/python_args.h"
 #include "compiled_calls.h"
 #include "conv_transpose3d_post_pool/contract.h"
 
@@ -30,18 +31,6 @@ struct Int3Arg {
   at::IntArrayRef ref() const { return at::IntArrayRef(v.data(), n); }
 };
 
-bool read_int(PyObject* o, int64_t* out) {
-  if (!PyLong_CheckExact(o)) return false;  // bool, numpy integers, ...: the Python path
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
-  *out = x;
-  return true;
-}
-
 // An int (expanded to three), a list or tuple of three ints, or None when `none_is_empty`.
 bool read_int3(PyObject* o, Int3Arg* out, bool none_is_empty = false) {
   if (o == Py_None) {
@@ -63,21 +52,6 @@ bool read_int3(PyObject* o, Int3Arg* out, bool none_is_empty = false) {
   return true;
 }
 
-bool read_double(PyObject* o, double* out) {
-  if (PyFloat_CheckExact(o)) {
-    *out = PyFloat_AS_DOUBLE(o);
-    return true;
-  }
-  if (!PyLong_CheckExact(o)) return false;
-  const double x = PyLong_AsDouble(o);  // what float(int) gives
-  if (x == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  *out = x;
-  return true;
-}
-
 bool read_optional_double(PyObject* o, std::optional<double>* out) {
   if (o == Py_None) {
     *out = std::nullopt;
@@ -86,12 +60,6 @@ bool read_optional_double(PyObject* o, std::optional<double>* out) {
   double x = 0;
   if (!read_double(o, &x)) return false;
   *out = x;
-  return true;
-}
-
-bool read_bool(PyObject* o, bool* out) {
-  if (o != Py_True && o != Py_False) return false;
-  *out = o == Py_True;
   return true;
 }
 
