@@ -73,13 +73,12 @@ bool kind_of(const c10::Argument& a, Kind* out) {
 
 // One argument onto the stack; false where it is not of the plain form Inductor writes.
 bool push_argument(Kind kind, PyObject* o, torch::jit::Stack& stack) {
+  if (o == Py_None && (kind == Kind::kOptionalTensor || kind == Kind::kOptionalFloat)) {
+    stack.emplace_back();
+    return true;
+  }
   switch (kind) {
     case Kind::kOptionalTensor:
-      if (o == Py_None) {
-        stack.emplace_back();
-        return true;
-      }
-      [[fallthrough]];
     case Kind::kTensor:
       // Exactly torch.Tensor or nn.Parameter: a subclass may override __torch_function__, which torch.ops honours.
       if (!THPVariable_CheckExact(o)) return false;
@@ -109,11 +108,6 @@ bool push_argument(Kind kind, PyObject* o, torch::jit::Stack& stack) {
       return true;
     }
     case Kind::kOptionalFloat:
-      if (o == Py_None) {
-        stack.emplace_back();
-        return true;
-      }
-      [[fallthrough]];
     case Kind::kFloat: {
       double x = 0;
       if (!read_double(o, &x)) return false;

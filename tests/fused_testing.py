@@ -389,3 +389,13 @@ def grad_output_for(x, m, cfg, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype=x.dtype, device=x.device)
 
+
+def conv_operands(device="cpu", seed=0):
+    """A small fused-convolution problem: input [2, 4, 3, 4, 5], weight 4 -> 6 channels of 3 x 3 x 3 (scaled so
+    that outputs stay near 1), bias, per-channel multiplier [6, 1, 1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, 3, 4, 5, generator=g).to(device)
+    w = (torch.randn(4, 6, 3, 3, 3, generator=g) / 6).to(device)
+    b = torch.randn(6, generator=g).to(device)
+    m = torch.randn(6, 1, 1, 1, generator=g).to(device)
+    return x, w, b, m

@@ -8,24 +8,17 @@ from torch.overrides import TorchFunctionMode
 
 import torch_fused_ops
 from torch_fused_ops import _C
-from fused_testing import HAS_CUDA
+from fused_testing import HAS_CUDA, conv_operands
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU"))]
 CONV_ARGS = ([2] * 3, [1] * 3, [1] * 3, 1, [1] * 3)
 
 
-def _conv_inputs(device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 4, 3, 4, 5, generator=g).to(device)
-    w = (torch.randn(4, 6, 3, 3, 3, generator=g) / 6).to(device)
-    b = torch.randn(6, generator=g).to(device)
-    m = torch.randn(6, 1, 1, 1, generator=g).to(device)
-    return x, w, b, m
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_entry_points_equal_torch_ops(device):
-    x, w, b, m = _conv_inputs(device)
+    x, w, b, m = conv_operands(device)
     want = torch.ops.fused.conv_transpose3d_post_pool.default(x, w, b, *CONV_ARGS, m, 0.2, [2] * 3, [], [0] * 3,
                                                              [1] * 3, False, None)
     # The wrapper's order and forms: ints or three of them, None for the pool stride.
@@ -43,7 +36,7 @@ def test_entry_points_equal_torch_ops(device):
 
 
 def test_entry_points_leave_what_is_not_plain_to_the_python_path():
-    x, w, b, m = _conv_inputs("cpu")
+    x, w, b, m = conv_operands("cpu")
     base = [x, w, b, m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None]
     for i, value in ((0, None), (2, 1.0), (4, True), (5, [2, 2]), (5, [2]), (5, 2.0), (5, True), (6, 2**70),
                      (8, 1.0), (11, []), (14, 0), (15, "0.1")):
@@ -63,7 +56,7 @@ def test_entry_points_leave_what_is_not_plain_to_the_python_path():
 
 
 def test_entry_points_raise_the_ops_exception_types():
-    x, w, b, m = _conv_inputs("cpu")
+    x, w, b, m = conv_operands("cpu")
     bad_m = torch.randn(5, 1, 1, 1)  # neither 1 nor Cout elements
     with pytest.raises(ValueError, match="multiplier"):
         _C.conv_transpose3d_post_pool(x, w, b, bad_m, 0.2, 2, 1, 1, 1, 1, 2, None, 0, 1, False, None)
@@ -97,7 +90,7 @@ class _Subclass(torch.Tensor):
 
 
 def test_torch_function_modes_and_subclasses_see_the_operator():
-    x, w, b, m = _conv_inputs("cpu")
+    x, w, b, m = conv_operands("cpu")
     with _Recorder() as mode:
         torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)
         torch_fused_ops.post_pool(torch.randn(2, 6, 6, 8, 10), m, 0.2)
@@ -110,7 +103,7 @@ def test_torch_function_modes_and_subclasses_see_the_operator():
 
 
 def test_dynamo_traces_the_wrappers_without_a_graph_break():
-    x, w, b, m = _conv_inputs("cpu")
+    x, w, b, m = conv_operands("cpu")
 
     def f(x):
         y = torch_fused_ops.conv_transpose3d_post_pool(x, w, b, m, 0.2, 2, 1, 1)

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 import torch_fused_ops
 from torch_fused_ops.compile import extern_calls
 from torch_fused_ops.models import ConvTransposeLeakyMulLeakyPool
-from fused_testing import HAS_CUDA
+from fused_testing import HAS_CUDA, conv_operands
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +54,9 @@ def test_every_operator_has_a_call():
 
 
 def _inputs(device):
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 4, 3, 4, 5, generator=g).to(device)
-    w = (torch.randn(4, 6, 3, 3, 3, generator=g) / 6).to(device)
-    b = torch.randn(6, generator=g).to(device)
-    m = torch.randn(6, 1, 1, 1, generator=g).to(device)
-    y = torch.randn(2, 6, 6, 8, 10, generator=g).to(device)
-    return x, w, b, m, y
+    """The convolution's operands, and a post_pool input y for its 6 channels."""
+    y = torch.randn(2, 6, 6, 8, 10, generator=torch.Generator().manual_seed(6)).to(device)
+    return (*conv_operands(device, seed=5), y)
 
 
 def _equal(got, want):

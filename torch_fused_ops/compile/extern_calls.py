@@ -112,15 +112,20 @@ def _generate(node, writeline) -> None:
     writeline(f"{wrapper.declare}{node.get_name()} = {MODULE_ALIAS}.{name}({', '.join(args)}){wrapper.ending}")
 
 
+def _fused_operators():
+    """(name, overload, OpOverload) of every operator registered in the fused namespace ('' for the default
+    overload)."""
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if qualified.startswith("fused::"):
+            name, _, overload = qualified[len("fused::"):].partition(".")
+            yield name, overload, getattr(getattr(torch.ops.fused, name), overload or "default")
+
+
 def _register_calls() -> None:
     """A call for every operator of the fused namespace whose arguments the C entry point reads, as a global of
     this module. Always, also where the code generation is off: code Inductor cached with these calls still runs."""
-    for qualified in torch._C._dispatch_get_all_op_names():
-        if not qualified.startswith("fused::"):
-            continue
-        packet_name, _, overload = qualified[len("fused::"):].partition(".")
-        op = getattr(getattr(torch.ops.fused, packet_name), overload or "default")
-        op_id = _C._register_compiled_op(f"fused::{packet_name}", overload)
+    for name, overload, op in _fused_operators():
+        op_id = _C._register_compiled_op(f"fused::{name}", overload)
         if op_id is not None:
             call = _calls[_attribute(op)] = _make_call(op, op_id)
             globals()[call.__name__] = call
@@ -128,10 +133,9 @@ def _register_calls() -> None:
 
 def __getattr__(name: str):
     """Cached generated code naming an operator this build does not register a call for: torch.ops' overload."""
-    for qualified in torch._C._dispatch_get_all_op_names():
-        packet_name, _, overload = qualified.partition("::")[2].partition(".")
-        if qualified.startswith("fused::") and f"{packet_name}_{overload or 'default'}" == name:
-            return getattr(getattr(torch.ops.fused, packet_name), overload or "default")
+    for _, _, op in _fused_operators():
+        if _attribute(op) == name:
+            return op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
