@@ -332,7 +332,9 @@ def test_e2e_partial_forms_dynamic_shapes():
     torch._dynamo.reset()
     before = torch_fused_ops.matched_count()
     compiled = torch.compile(chains, dynamic=True, fullgraph=True)
-    for shape in [SHAPE, (3, C, 5, 9, 6)]:
+    # The second shape keeps SHAPE's parity in D, H and W: torch 2.11's max_pool3d meta guards on it (div_rtn,
+    # "(D - 2) % 2 == 0"), so a change of parity recompiles there with the pass or without it.
+    for shape in [SHAPE, (3, C, 8, 9, 6)]:
         x, m = make_input(shape, seed=19), make_multiplier("C111", C)
         with torch.no_grad():
             for o, e in zip(compiled(x, m), chains(x, m)):
