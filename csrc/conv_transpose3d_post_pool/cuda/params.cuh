@@ -54,7 +54,16 @@ constexpr bool kPipelined = M != Mode::kStrict && KS < kMaxChunkWords / 8 &&
 template <Mode M, int MT, int KS>
 constexpr size_t kKernelSmem = smem_bytes<MT>(8 * KS, kPipelined<M, MT, KS> ? 2 : 1);
 
+// An encoded CUtensorMap (128 opaque bytes, 64-byte aligned as the TMA unit reads it from the kernel's parameters),
+// kept opaque here so that this header needs no driver API header.
+struct alignas(64) TensorMapBytes {
+  uint64_t opaque[16];
+};
+
 struct Params {
+  // sm_90a kernel, 16-bit training forms: the outputs, selected values and offsets as (w, c, h, d, n) tensors for the
+  // whole units' TMA stores (hopper/unit_maps.h), valid where unit_tma.
+  TensorMapBytes unit_maps[3];
   const void* x;
   const void* w;
   const void* bias;  // nullptr without a bias
@@ -78,6 +87,7 @@ struct Params {
   bool w_bulk;           // sm_90a kernel: the block's weight rows arrive by bulk copies (hopper/stage.cuh)
   bool out_rows;         // sm_90a kernel: whole output rows store as aligned vectors (hopper/epilogue.cuh)
   bool halves;           // sm_90a kernel: work handed out by half units (hopper/kernel.cuh), set by its launcher
+  bool unit_tma;         // sm_90a kernel: unit_maps hold the tensors' maps (hopper/unit_maps.h), set by its launcher
   uint32_t ablate;       // sm_90a kernel: ConvHopperAblation bits (ablation.h), 0 but when measuring
   long long* trace;      // sm_90a kernel, measurement build: event clocks (hopper/trace.cuh), nullptr but when measuring
 };

@@ -394,15 +394,15 @@ __device__ __forceinline__ void offset_pairs(const uint32_t (&off)[8], uint32_t 
   for (int j = 0; j < 4; ++j) ob[j] = off[2 * j] | off[2 * j + 1] << 8;
 }
 
-// A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes) and out by the bulk copy
-// engine: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel in place (outputs and
-// selected values; a tile's offsets go through the warp's rows as store_pair_rows transposes them, then into the unit
-// rows), and after the unit's last tile the warpgroup hands each channel's rows of each tensor to the engine (512
-// bytes, 256 of offsets), one copy a lane (24 lanes of each warp: a copy takes warp-uniform operands, so the warp
-// issues its lanes' copies one after another). So the consumer makes no global stores per tile: none computes an
-// address or holds registers until the memory system takes them (long-scoreboard stalls on the stores' operands took
-// 20 % of the bf16 training form's samples: Nsight Compute on an H100). For whole units whose rows are kTW apart only
-// (kernel.cuh); every thread of the warpgroup calls it for each of the unit's tiles in order.
+// A whole unit's 16-bit training tiles stored through the consumer's unit rows (kUnitBytes, laid out as geometry.cuh
+// says) and out by the TMA unit: each tile's transposing stmatrix puts the warp's 2 rows x 8 columns of every channel
+// in place (outputs and selected values; a tile's offsets go through the warp's rows as store_pair_rows transposes
+// them, then into the unit rows), and after the unit's last tile three threads hand one tensor each to the TMA unit
+// (one `cp.async.bulk.tensor` of the unit's 32 channels x kTH rows x kTW columns, unit_maps.h). So the consumer makes
+// no global stores per tile: none computes an address or holds registers until the memory system takes them
+// (long-scoreboard stalls on the stores' operands took 20 % of the bf16 training form's samples: Nsight Compute on an
+// H100). For whole units where p.unit_tma (kernel.cuh); every thread of the warpgroup calls it for each of the unit's
+// tiles in order. `unit`: the consumer's rows, kUnitAlign-aligned.
 template <Mode M>
 __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t (&best)[8], const uint32_t (&sel)[8],
                                                 const uint32_t (&off)[8], uint8_t* unit, uint8_t* rows,
@@ -410,13 +410,14 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
   const int lane = threadIdx.x & 31;
   const int wg = static_cast<int>(threadIdx.x) / 128 - 1;  // the consumer
   const uint32_t base = smem_addr(unit);
-  // Lane l gives the address of channel l's 8 columns of this tile in each of the warp's rows.
-  const uint32_t at = base + lane * kUnitChannelBytes + 2 * warp * kUnitRowBytes + 16 * mt;
+  // Lane l gives the address of channel l's 8 columns of this tile in each of the warp's rows (rows kUnitPlaneBytes
+  // apart, which leaves the swizzle's bits as they are).
+  const uint32_t at = unit_swizzle64(base + 2 * warp * kUnitPlaneBytes + lane * kUnitRowBytes + 16 * mt);
   if (mt == 0) {
-    bulk_wait_read();    // this thread's copies of the previous unit have read the rows
-    warpgroup_sync(wg);  // every thread's have (a warp's rows go out through other warps' lanes too)
+    bulk_wait_read();    // this thread's stores of the previous unit have read the rows
+    warpgroup_sync(wg);  // every thread's have (a warp's rows go out through other warps' threads)
   }
-  put_pair_values(at, at + kUnitTensorBytes, kUnitRowBytes, best, sel);
+  put_pair_values(at, at + kUnitTensorBytes, kUnitPlaneBytes, best, sel);
   // This tile's offsets through the warp's rows, as store_pair_rows stores them.
   uint32_t ob[4];
   offset_pairs(off, ob);
@@ -425,25 +426,17 @@ __device__ __forceinline__ void store_unit_rows(const Params& p, const uint32_t 
   __syncwarp();
   const uint4 o = reinterpret_cast<const uint4*>(rows)[lane];
   // Channel lane's offset rows: 8 columns of each of the warp's 2 rows.
-  uint8_t* const off_rows = unit + 2 * kUnitTensorBytes + lane * kUnitOffChannelBytes + 2 * warp * kTW + 8 * mt;
+  const uint32_t off_base = base + 2 * kUnitTensorBytes;
+  const uint32_t off_at = unit_swizzle32(off_base + 2 * warp * kUnitOffPlaneBytes + lane * kTW + 8 * mt) - base;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    *reinterpret_cast<uint2*>(off_rows + h * kTW) = offset_row(o, h);
+    *reinterpret_cast<uint2*>(unit + off_at + h * kUnitOffPlaneBytes) = offset_row(o, h);
   }
   if (mt != kMTiles - 1) return;
-  fence_proxy_async();  // this thread's share of the unit rows' writes, visible to the engine's reads
+  fence_proxy_async();  // this thread's share of the unit rows' writes, visible to the TMA unit's reads
   warpgroup_sync(wg);   // the unit's rows, every warp's, in place
-  constexpr int kPerWarp = 3 * kCoBlock / 4;  // one copy per tensor and channel
-  if (lane < kPerWarp) {
-    const int k = kPerWarp * warp + lane, tensor = k / kCoBlock, ch = k % kCoBlock;
-    const int64_t e = static_cast<int64_t>(u.n) * p.so[0] + static_cast<int64_t>(a.co0 + ch) * p.so[1] +
-                      static_cast<int64_t>(u.qd0) * p.so[2] + static_cast<int64_t>(u.qh0) * p.so[3] + u.qw0;
-    if (tensor < 2) {
-      uint16_t* const dst = static_cast<uint16_t*>(tensor == 0 ? p.out : p.sel) + e;
-      bulk_copy_to_global(dst, base + tensor * kUnitTensorBytes + ch * kUnitChannelBytes, kTH * kUnitRowBytes);
-    } else {
-      bulk_copy_to_global(p.off + e, base + 2 * kUnitTensorBytes + ch * kUnitOffChannelBytes, kTH * kTW);
-    }
+  if (lane == 0 && warp < 3) {  // tensor `warp`: the outputs, the selected values, the offsets
+    tma_store_5d(&p.unit_maps[warp], base + warp * kUnitTensorBytes, u.qw0, a.co0, u.qh0, u.qd0, u.n);
     bulk_commit();
   }
 }

@@ -79,16 +79,24 @@ static_assert(run(0).shift == 0 && run(1).shift == 0 && run(2).shift == 0 && run
                   run(0).slots + run(1).slots + run(2).slots == 8,
               "shift 0's runs come first and cover every slot");
 
-// A whole unit's rows per consumer (store_unit_rows, epilogue.cuh): per 16-bit tensor (the outputs, then the
-// selected values) 32 channels of the unit's kTH pooled rows x kTW columns (64 bytes a row; a channel's 512 bytes are
-// contiguous in global memory where the output's rows are kTW apart), the channels 528 bytes apart (16 of padding:
-// the 8 channels of a transposing stmatrix's matrix then meet 32 distinct banks); then the offsets, a byte each,
-// 32 channels of kTH x kTW bytes, 272 apart (16-byte aligned for the bulk copies).
-constexpr int kUnitRowBytes = kTW * 2;
-constexpr int kUnitChannelBytes = kTH * kUnitRowBytes + 16;
-constexpr int kUnitTensorBytes = kCoBlock * kUnitChannelBytes;
-constexpr int kUnitOffChannelBytes = kTH * kTW + 16;
-constexpr int kUnitBytes = 2 * kUnitTensorBytes + kCoBlock * kUnitOffChannelBytes;
+// A whole unit's rows per consumer (store_unit_rows, epilogue.cuh), laid out as the unit's TMA stores read them
+// (unit_maps.h: tensors seen as (w, c, h, d, n)): per 16-bit tensor (the outputs, then the selected values)
+// [kTH pooled rows][32 channels][kTW columns], 64 bytes a channel's row, its 16-byte chunks placed as
+// CU_TENSOR_MAP_SWIZZLE_64B places them (unit_swizzle64: the 8 channels of a transposing stmatrix's matrix then meet
+// 32 distinct banks); then the offsets, a byte each, [kTH][32][kTW], as CU_TENSOR_MAP_SWIZZLE_32B places them. The
+// swizzles act on address bits 7-8, so the rows start on kUnitAlign.
+constexpr int kUnitRowBytes = kTW * 2;                     // one channel's row of a 16-bit tensor
+constexpr int kUnitPlaneBytes = kCoBlock * kUnitRowBytes;  // one pooled row of every channel
+constexpr int kUnitTensorBytes = kTH * kUnitPlaneBytes;
+constexpr int kUnitOffPlaneBytes = kCoBlock * kTW;         // the same of offsets
+constexpr int kUnitBytes = 2 * kUnitTensorBytes + kTH * kUnitOffPlaneBytes;
+constexpr int kUnitAlign = 1024;
+static_assert(kUnitRowBytes == 64 && kTW == 32, "a 16-bit row is one 64-byte swizzle span, an offset row one 32-byte");
+
+// The shared address where CU_TENSOR_MAP_SWIZZLE_64B / _32B put the 16 bytes at unswizzled address `addr`: the chunk
+// index (bits 4-5, or bit 4) XOR bits 7-8 (or bit 7).
+__host__ __device__ constexpr uint32_t unit_swizzle64(uint32_t addr) { return addr ^ (((addr >> 7) & 3u) << 4); }
+__host__ __device__ constexpr uint32_t unit_swizzle32(uint32_t addr) { return addr ^ (((addr >> 7) & 1u) << 4); }
 
 // The output rows per consumer warp through which form (TRAIN, MIXED) of precision m stores whole tiles
 // (epilogue.cuh): the 16-bit training forms two tiles' outputs, the same of selected values, then 32 channels x 16
@@ -130,7 +138,7 @@ struct Layout {
   static constexpr int kOutRowsBytes = OUT_ROWS;
   // The consumers' unit rows (kUnitBytes each).
   static_assert(!UNIT || ModeTraits<M>::kHalf, "unit rows hold 16-bit values");
-  static constexpr int kUnitScratchBytes = UNIT ? kConsumers * kUnitBytes : 0;
+  static constexpr int kUnitScratchBytes = UNIT ? kConsumers * kUnitBytes + kUnitAlign : 0;  // + the alignment
   static constexpr int kOutScratchBytes = 4 * kConsumers * kOutRowsBytes;
   // + up to 8 stages' mbarriers, and the weights' two (landed, raw_free)
   static constexpr int kFixed =

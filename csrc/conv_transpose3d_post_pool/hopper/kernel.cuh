@@ -15,6 +15,7 @@
 #include "conv_transpose3d_post_pool/hopper/stage.cuh"
 #include "conv_transpose3d_post_pool/hopper/strict.cuh"
 #include "conv_transpose3d_post_pool/hopper/trace.cuh"
+#include "conv_transpose3d_post_pool/hopper/unit_maps.h"
 #include "conv_transpose3d_post_pool/hopper/wgmma_runs.cuh"
 #include "common/cuda_device.h"
 
@@ -159,8 +160,10 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   uint8_t* const sB = smem;
   uint8_t* const sStages = smem + L::kBBytes;
   uint8_t* const sOutRows = sStages + L::kStages * L::kStageBytes;  // the consumer warps' output rows (epilogue.cuh)
-  uint8_t* const sUnit = sOutRows + L::kOutScratchBytes;  // the consumers' unit rows (store_unit_rows)
-  float* const sMult = reinterpret_cast<float*>(sUnit + L::kUnitScratchBytes);
+  // The consumers' unit rows (store_unit_rows), from the first kUnitAlign boundary of their share.
+  uint8_t* const sUnitShare = sOutRows + L::kOutScratchBytes;
+  uint8_t* const sUnit = sUnitShare + ((kUnitAlign - smem_addr(sUnitShare) % kUnitAlign) % kUnitAlign);
+  float* const sMult = reinterpret_cast<float*>(sUnitShare + L::kUnitScratchBytes);
   float* const sBias = sMult + kCoBlock;
   float* const sSelBias = sBias + kCoBlock;  // EpilogueArgs::sel_bias
   uint64_t* const full = reinterpret_cast<uint64_t*>(sSelBias + kCoBlock);
@@ -323,11 +326,9 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
   const int64_t items = work_items(p);
   uint8_t* const rows = sOutRows + (4 * c + warp) * L::kOutRowsBytes;  // this warp's (store_out_rows, store_rows32)
   uint8_t* const unit_rows = sUnit + c * kUnitBytes;                    // this consumer's (store_unit_rows)
-  // The launch's share of unit_bulk below: the rows kTW apart, and every unit's rows 16-byte aligned in each tensor
-  // (out_rows' strides of 8 elements are 16 bytes of a 16-bit tensor; the offsets, a byte each, need 16).
-  const bool unit_rows_ok = kUnitBulk<M, TRAIN, MIXED> && !CAST && p.out_rows && p.so[3] == kTW && !p.halves &&
-                            !fix_edges && p.so[0] % 16 == 0 && p.so[1] % 16 == 0 && p.so[2] % 16 == 0 &&
-                            reinterpret_cast<uintptr_t>(p.off) % 16 == 0;
+  // The launch's share of unit_bulk below: the tensors' maps encoded (the rows kTW apart, addresses and strides the
+  // TMA unit takes: unit_maps.h), and no far-edge fix rewriting outputs after the stores.
+  const bool unit_rows_ok = kUnitBulk<M, TRAIN, MIXED> && !CAST && p.unit_tma && !p.halves && !fix_edges;
   const int block_items = static_cast<int>((items - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const int item_tiles = p.halves ? 1 : kMTiles;  // this consumer's tiles of one item
   const int tiles0 = p.halves ? block_items : (block_items + 1) / 2 * kMTiles;
@@ -345,9 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1) conv_transpose3d_post_pool_hopper
     if (ctid == 0) trace_mark(p, consumer_slot(tk, 1));
     const uint32_t a_stage = smem_addr(sStages + stage * L::kStageBytes);
     const TileOrigin u = unit_origin(p, unit);
-    // The item's tiles as one whole unit through the bulk copy engine: this consumer takes all of its tiles, the last
-    // one (and so every one) whole, rows aligned and kTW apart (a channel's unit rows contiguous), and no far-edge
-    // fix rewriting outputs after them.
+    // The item's tiles as one whole unit through the TMA unit: this consumer takes all of its tiles, the last one (and
+    // so every one) whole.
     const bool unit_bulk = unit_rows_ok && tile_is_whole(p, u, kMTiles - 1, args);
 #pragma unroll 1
     for (int i = 0; i < item_tiles; ++i) {
@@ -407,6 +407,11 @@ void launch_hopper_one(const Params& p0, cudaStream_t stream) {
   const int64_t bx_full = (multiprocessor_count(device) + co_blocks - 1) / co_blocks;
   const ConvHopperSplit split = conv_hopper_split_choice();
   p.halves = split == ConvHopperSplit::kHalves || (split == ConvHopperSplit::kAuto && p.n_tiles < bx_full);
+  if constexpr (kUnitBulk<M, TRAIN, MIXED> && !CAST) {
+    p.unit_tma = !p.halves && encode_unit_maps(p);
+  } else {
+    p.unit_tma = false;
+  }
   const int64_t items = work_items(p);
   int64_t bx = bx_full < items ? bx_full : items;
   bx = bx > 0 ? bx : 1;

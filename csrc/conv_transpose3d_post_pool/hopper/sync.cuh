@@ -124,6 +124,16 @@ __device__ __forceinline__ void bulk_copy_to_global(void* dst, uint32_t src, uin
                : "memory");
 #endif
 }
+// A box of a tensor (its map in the kernel's parameters, a __grid_constant__'s address) from shared memory at `src`
+// to global memory at coordinates (c0 .. c4), by the TMA unit, in this thread's bulk group; what lies outside the
+// tensor is not written. The same proxy rule as bulk_copy_to_global.
+__device__ __forceinline__ void tma_store_5d(const void* map, uint32_t src, int c0, int c1, int c2, int c3, int c4) {
+#if defined(FUSED_WGMMA_ENABLED)
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void bulk_commit() {
 #if defined(FUSED_WGMMA_ENABLED)
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
