@@ -494,7 +494,7 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
     of each row of units), one alone where only it is (pooled W 40: the second unit's first tile), and element by
     element past the edge; W 48 pairs the second unit's first two tiles and leaves the rest. Each against the
     mma.sync kernel bit for bit, with an infinite and a NaN input. With pooled W 32 (rows 32 apart) the 16-bit forms
-    store whole units through the bulk copy engine, except in a block that recomputes its far edge (an infinite
+    store whole units through the TMA unit, except in a block that recomputes its far edge (an infinite
     weight: channel block 32..63 here), whose rewrites must follow its stores. The mixed training form (bf16
     operands, a float32 multiplier) stores float32 outputs, 16-bit selected values and offsets through its rows."""
     if forward_kernel != "wgmma":
@@ -524,8 +524,8 @@ def test_wgmma_whole_tile_rows(forward_kernel, prec, train, shape, inf_weight, t
 @pytest.mark.parametrize("train", [False, True])
 def test_wgmma_units_in_turn(forward_kernel, prec, train, tf32_setting):
     """Enough units that each consumer takes several (640 units of pooled 8 x 32 for at most 132 blocks of one
-    channel block), pooled W 32 and H 36: each consumer stores whole units through its unit rows and the bulk copy
-    engine (the 16-bit training forms), then reuses those rows for its next unit once the engine has read them, and
+    channel block), pooled W 32 and H 36: each consumer stores whole units through its unit rows and the TMA unit
+    (the 16-bit training forms), then reuses those rows for its next unit once the TMA unit has read them, and
     between them meets the partial units of rows 32..35 (element by element). Against the mma.sync kernel bit for
     bit, with an infinite and a NaN input."""
     if forward_kernel != "wgmma":

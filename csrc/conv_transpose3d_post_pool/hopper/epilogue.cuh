@@ -744,7 +744,7 @@ __device__ __forceinline__ void store_pair_rows2(const Params& p, const uint32_t
 }
 
 // A 16-bit training tile's selection (select_tile_pairs), then its stores: a whole unit's tiles through the consumer's
-// unit rows and the bulk copies (store_unit_rows, where unit is given), two whole tiles together through the warp's
+// unit rows and the TMA unit (store_unit_rows, where unit is given), two whole tiles together through the warp's
 // rows (store_pair_rows2), a whole tile alone through them (store_pair_rows), others element by element.
 template <Mode M>
 __device__ __forceinline__ void store_pairs(const Params& p, const PhasePairs<M>& in, const TileOrigin& u, int mt,

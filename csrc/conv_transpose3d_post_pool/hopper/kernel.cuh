@@ -55,7 +55,7 @@ constexpr bool kPairs = TRAIN && ModeTraits<M>::kHalf && !MIXED;
 // 13 % of the bf16 training form's warp samples, Nsight Compute on an H100) nothing.
 template <Mode M, bool TRAIN, bool MIXED>
 constexpr bool kTurns = !kPairs<M, TRAIN, MIXED>;
-// Whether whole units store through the consumer's unit rows and the bulk copy engine (store_unit_rows): the 16-bit
+// Whether whole units store through the consumer's unit rows and the TMA unit (store_unit_rows): the 16-bit
 // training forms (not mixed, whose outputs are float32); the 16-bit inference forms measured no faster with it (H100:
 // bf16 29.9 -> 31.0 us, with the unit rows in every 16-bit form's shared memory).
 template <Mode M, bool TRAIN, bool MIXED>

@@ -115,18 +115,10 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       : "memory");
 #endif
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared to global memory by the bulk copy engine,
-// in this thread's bulk group (committed by bulk_commit). The engine reads shared memory through the async proxy:
-// the generic writes it reads need fence_proxy_async (by the writing threads) first.
-__device__ __forceinline__ void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
-#if defined(FUSED_WGMMA_ENABLED)
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-#endif
-}
 // A box of a tensor (its map in the kernel's parameters, a __grid_constant__'s address) from shared memory at `src`
-// to global memory at coordinates (c0 .. c4), by the TMA unit, in this thread's bulk group; what lies outside the
-// tensor is not written. The same proxy rule as bulk_copy_to_global.
+// to global memory at coordinates (c0 .. c4), by the TMA unit, in this thread's bulk group (committed by
+// bulk_commit); what lies outside the tensor is not written. The TMA unit reads shared memory through the async proxy:
+// the generic writes it reads need fence_proxy_async (by the writing threads) first.
 __device__ __forceinline__ void tma_store_5d(const void* map, uint32_t src, int c0, int c1, int c2, int c3, int c4) {
 #if defined(FUSED_WGMMA_ENABLED)
   asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(map),
@@ -139,8 +131,8 @@ __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 #endif
 }
-// Waits until this thread's committed bulk copies to global memory have read their shared memory (their writes may
-// still be on the way; the kernel's end completes them).
+// Waits until this thread's committed stores to global memory (tma_store_5d) have read their shared memory (their
+// writes may still be on the way; the kernel's end completes them).
 __device__ __forceinline__ void bulk_wait_read() {
 #if defined(FUSED_WGMMA_ENABLED)
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
